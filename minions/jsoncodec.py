@@ -1,0 +1,26 @@
+"""The one JSON codec: orjson, with helpers for the shapes the project writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+JSONDecodeError = orjson.JSONDecodeError
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def dumps_str(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def dumps_line(value: Any) -> bytes:
+    """One JSONL line, newline included."""
+    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
+    return orjson.loads(data)

@@ -1,0 +1,33 @@
+"""Shared fixtures: a real PostgreSQL (embedded, or MINIONS_TEST_DATABASE_URL) with a fresh migrated
+database per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from tests.support.database import TestDatabases
+
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture(scope="session")
+def databases() -> Iterator[TestDatabases]:
+    dbs = TestDatabases()
+    yield dbs
+    dbs.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def template_ready(databases: TestDatabases) -> AsyncIterator[TestDatabases]:
+    await databases.prepare_template()
+    yield databases
+
+
+@pytest_asyncio.fixture
+async def database_url(template_ready: TestDatabases) -> str:
+    """A fresh database with the whole schema, for this test alone."""
+    return await template_ready.fresh()

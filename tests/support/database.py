@@ -1,0 +1,73 @@
+"""Real PostgreSQL for tests: one embedded server per session (or MINIONS_TEST_DATABASE_URL), a
+migrated template database, and a fresh clone of it per test (CREATE DATABASE ... TEMPLATE)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from minions.db.migrate import migrate
+from minions.embedded_pg import EmbeddedPostgres
+
+TEMPLATE = "minions_template"
+
+
+class TestDatabases:
+    """Hands out fresh, migrated databases on one server."""
+
+    def __init__(self) -> None:
+        self.server: EmbeddedPostgres | None = None
+        external = os.environ.get("MINIONS_TEST_DATABASE_URL")
+        if external:
+            self.admin_url = external
+        else:
+            root = Path(tempfile.mkdtemp(prefix="minions-test-pg-"))
+            self.server = EmbeddedPostgres(root / "pgdata", fast=True)
+            self.server.start()
+            self.admin_url = self.server.url
+        self._counter = itertools.count()
+        self._prefix = f"t{uuid.uuid4().hex[:6]}"
+        self._created: list[str] = []
+
+    def url_for(self, database: str) -> str:
+        base, _, _ = self.admin_url.rpartition("/")
+        query = ""
+        if "?" in self.admin_url:
+            query = "?" + self.admin_url.split("?", 1)[1]
+        return f"{base}/{database}{query}"
+
+    async def prepare_template(self) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}_{self._prefix}")
+            await conn.execute(f"CREATE DATABASE {TEMPLATE}_{self._prefix}")
+        finally:
+            await conn.close()
+        await migrate(self.url_for(f"{TEMPLATE}_{self._prefix}"))
+
+    async def fresh(self) -> str:
+        name = f"{self._prefix}_{next(self._counter)}"
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}_{self._prefix}")
+        finally:
+            await conn.close()
+        self._created.append(name)
+        return self.url_for(name)
+
+    async def drop_all(self) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            for name in [*self._created, f"{TEMPLATE}_{self._prefix}"]:
+                await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(mode="immediate")
