@@ -117,6 +117,19 @@ BEGIN
     DELETE FROM minion_subtask_acquirement WHERE task_id = p_task_id;
     UPDATE subtasks SET state = 'cancelled', lease_executor = NULL
      WHERE task_id = p_task_id AND state IN ('pending', 'leased');
-    PERFORM minion_count_leases(h) FROM unnest(holders) AS h;
+    PERFORM minion_touch_heartbeat(h, false) FROM unnest(holders) AS h;
     RETURN true;
 END $$;
+
+-- A task's progress, for the API and the CLI: subtasks by state and records done.
+CREATE FUNCTION minion_task_counts(p_task_id bigint,
+    OUT subtasks_total bigint, OUT subtasks_pending bigint, OUT subtasks_leased bigint,
+    OUT subtasks_done bigint, OUT subtasks_failed bigint, OUT subtasks_cancelled bigint,
+    OUT records_done bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT count(*), count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'leased'),
+           count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'),
+           count(*) FILTER (WHERE state = 'cancelled'),
+           coalesce(sum(records) FILTER (WHERE state = 'done'), 0)
+      FROM subtasks WHERE task_id = p_task_id
+$$;

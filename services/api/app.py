@@ -1,0 +1,111 @@
+"""The API application: built by a factory, resources attached with cleanup_ctx so start-up and
+shut-down are symmetrical and each test can build a fresh app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+from aiohttp import web
+
+from minions.config import Settings
+from minions.db.connect import CONNECTION_ERRORS, create_pool
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.store.factory import open_store
+from services.api import routes as _routes  # noqa: F401  (package marker)
+from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from services.api.auth import TokenCache, authenticate
+from services.api.claim_waiters import ClaimWaiters
+from services.api.errors import ApiError, error_response
+from services.api.routes import executors, health, leases, tasks
+from services.api.routes import store as store_routes
+
+Q = Queries("api")
+log = get_logger(__name__)
+MAX_BODY_BYTES = 64 * 1024 * 1024  # inline records; larger inputs go through POST /api/v1/inputs
+PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_middleware, auth_middleware])
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_database)
+    app.cleanup_ctx.append(_store)
+    app.cleanup_ctx.append(_claim_waiters)
+    app.router.add_routes(health.routes)
+    app.router.add_routes(tasks.routes)
+    app.router.add_routes(executors.routes)
+    app.router.add_routes(leases.routes)
+    store_routes.add_routes(app)
+    return app
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    # min_size=0: the API starts (and answers 503) even while the database is down.
+    pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20)
+    app[POOL] = pool
+    yield
+    await pool.close()
+
+
+async def _store(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    signing_key = await _signing_key(app[POOL])
+    store = open_store(settings.store, signing_key=signing_key, base_url=settings.url_for_executors,
+                       s3_endpoint_url=settings.s3_endpoint_url)
+    app[STORE] = store
+    yield
+    await store.close()
+
+
+async def _signing_key(pool: asyncpg.Pool) -> str:
+    value: str = await pool.fetchval(Q.store_signing_key)
+    return value
+
+
+async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
+    waiters = ClaimWaiters(app[SETTINGS].database_url)
+    await waiters.start()
+    app[WAITERS] = waiters
+    yield
+    await waiters.stop()
+
+
+_TOKENS = TokenCache()
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not request.path.startswith(PUBLIC_PATHS):
+        request["principal"] = await authenticate(request, _TOKENS, request.app[POOL])
+    return await handler(request)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, "too_large", f"request body over {exc.max_size} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        return error_response(exc.status, code, exc.reason, headers=dict(exc.headers))
+    except CONNECTION_ERRORS as exc:
+        log.warning("database_unavailable", path=request.path, error=str(exc))
+        return error_response(503, "database_unavailable", "the database is unreachable; retry shortly",
+                              headers={"Retry-After": "2"})
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, asyncpg.exceptions.CannotConnectNowError | asyncpg.exceptions.AdminShutdownError):
+            return error_response(503, "database_unavailable", "the database is restarting; retry shortly",
+                                  headers={"Retry-After": "2"})
+        log.exception("database_error", path=request.path)
+        return error_response(500, "internal", "internal error (logged)")
+    except Exception:
+        log.exception("unhandled_error", path=request.path)
+        return error_response(500, "internal", "internal error (logged)")

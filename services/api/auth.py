@@ -1,0 +1,67 @@
+"""Bearer tokens and roles. Tokens are looked up by hash, with a short cache so the hot path
+(claim, heartbeat) does not pay a query per request."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import asyncpg
+from aiohttp import web
+
+from minions.db.queries import Queries
+from minions.tokens import hash_token
+from services.api.errors import ApiError, forbidden
+
+Q = Queries("api")
+CACHE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: int
+    role: str
+    team: str | None
+
+    def can_see_team(self, team: str) -> bool:
+        return self.role == "admin" or self.team is None or self.team == team
+
+
+
+
+class TokenCache:
+    def __init__(self) -> None:
+        self._entries: dict[bytes, tuple[float, Principal | None]] = {}
+
+    async def lookup(self, pool: asyncpg.Pool, token: str) -> Principal | None:
+        digest = hash_token(token)
+        now = time.monotonic()
+        hit = self._entries.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        row = await pool.fetchrow(Q.token_by_hash, digest)
+        principal = Principal(row["id"], row["role"], row["team"]) if row else None
+        if len(self._entries) > 10_000:
+            self._entries.clear()
+        self._entries[digest] = (now + CACHE_SECONDS, principal)
+        return principal
+
+
+async def authenticate(request: web.Request, cache: TokenCache, pool: asyncpg.Pool) -> Principal:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
+                       headers={"WWW-Authenticate": "Bearer"})
+    principal = await cache.lookup(pool, token.strip())
+    if principal is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+def require(request: web.Request, *roles: str) -> Principal:
+    principal: Principal = request["principal"]
+    if principal.role != "admin" and principal.role not in roles:
+        raise forbidden(f"this needs a token with role {' or '.join(roles)}; yours is {principal.role}",
+                        "wrong_role")
+    return principal

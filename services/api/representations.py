@@ -1,0 +1,48 @@
+"""How database rows look on the wire (API.md's task and lease objects)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from minions.store.base import ObjectStore
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
+    finished = row["status"] in ("completed", "failed", "cancelled")
+    return {
+        "team": row["team"],
+        "project": row["project"],
+        "name": row["name"],
+        "kind": row["kind"],
+        "model": row["model"],
+        "params": row["params"],
+        "priority": row["priority"],
+        "subtask_size": row["subtask_size"],
+        "status": row["status"],
+        "subtasks": {
+            "total": row["subtasks_total"],
+            "pending": row["subtasks_pending"],
+            "leased": row["subtasks_leased"],
+            "done": row["subtasks_done"],
+            "failed": row["subtasks_failed"],
+            "cancelled": row["subtasks_cancelled"],
+        },
+        "records": {
+            # Known for sure once the split is done; until then, what has been split so far.
+            "total": row["split_records"],
+            "done": row["records_done"],
+        },
+        "input_uri": row["input_uri"],
+        "created_at": _iso(row["created_at"]),
+        "started_at": _iso(row["started_at"]),
+        "finished_at": _iso(row["finished_at"]),
+        "output_uri": (
+            f"/api/v1/tasks/{row['team']}/{row['project']}/{row['name']}/results" if finished else None
+        ),
+        "error": row["error"],
+    }

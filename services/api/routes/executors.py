@@ -1,0 +1,211 @@
+"""The executor protocol: register, long-poll claim, heartbeat, deregister; and the executor list."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.records import KINDS
+from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from services.api.auth import Principal, require
+from services.api.bodies import json_object, path_uuid, query_float
+from services.api.errors import ApiError, forbidden, invalid, not_found
+from services.api.validation import NAME
+
+Q = Queries("api")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+# Presigned URLs outlive any lease a heartbeating executor can hold in practice; they are keyed per
+# attempt, so a late writer cannot harm a committed result (invariant 4).
+URL_LIFETIME_S = 12 * 3600.0
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsoncodec.dumps(data), status=status, content_type="application/json")
+
+
+def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and 0 < len(v) <= 256 for v in value):
+        errors[field] = "must be a list of non-empty strings"
+        return []
+    if len(value) > limit:
+        errors[field] = f"at most {limit} entries"
+    return list(dict.fromkeys(value))
+
+
+def _preferences(value: Any, principal: Principal, errors: dict[str, str]) -> list[dict[str, str | None]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 32:
+        errors["preferences"] = "must be a list of at most 32 {team, project, task_name} objects"
+        return []
+    prefs = []
+    for i, pref in enumerate(value):
+        if not isinstance(pref, dict):
+            errors[f"preferences[{i}]"] = "must be an object"
+            continue
+        entry: dict[str, str | None] = {}
+        for key in ("team", "project", "task_name"):
+            item = pref.get(key)
+            if item is not None and (not isinstance(item, str) or not NAME.match(item)):
+                errors[f"preferences[{i}].{key}"] = "not a valid name"
+            entry[key] = item
+        if entry["team"] is None:
+            errors[f"preferences[{i}].team"] = "required"
+        elif entry["task_name"] is not None and entry["project"] is None:
+            errors[f"preferences[{i}].project"] = "required when task_name is given"
+        elif principal.team is not None and entry["team"] != principal.team:
+            errors[f"preferences[{i}].team"] = f"your token only claims work of team {principal.team}"
+        prefs.append(entry)
+    return prefs
+
+
+@routes.post("/api/v1/executors/register")
+async def register(request: web.Request) -> web.Response:
+    principal = require(request, "executor")
+    body = await json_object(request)
+    errors: dict[str, str] = {}
+    name = body.get("name")
+    if not isinstance(name, str) or not 1 <= len(name) <= 128:
+        errors["name"] = "required: 1-128 characters"
+    hardware = body.get("hardware", {})
+    if not isinstance(hardware, dict):
+        errors["hardware"] = "must be an object"
+    kinds = _strings(body.get("kinds"), "kinds", errors)
+    if not kinds and "kinds" not in errors:
+        errors["kinds"] = f"required: a non-empty list drawn from {', '.join(KINDS)}"
+    elif bad := [k for k in kinds if k not in KINDS]:
+        errors["kinds"] = f"unknown kind(s) {', '.join(bad)}; known: {', '.join(KINDS)}"
+    models = _strings(body.get("models"), "models", errors, limit=1024)
+    prefs = _preferences(body.get("preferences"), principal, errors)
+    if errors:
+        raise invalid(errors)
+    settings = request.app[SETTINGS]
+    executor_id = await request.app[POOL].fetchval(
+        Q.register_executor, principal.token_id, principal.team, name, hardware, kinds, models, prefs
+    )
+    log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
+    return _json({
+        "executor_id": str(executor_id),
+        "heartbeat_interval_s": settings.heartbeat_interval_s,
+        "lease_timeout_s": settings.lease_timeout_s,
+        "long_poll_s": settings.long_poll_s,
+    }, 201)
+
+
+async def _own_executor(request: web.Request) -> Any:
+    principal = require(request, "executor")
+    executor_id = path_uuid(request, "executor_id", "executor")
+    row = await request.app[POOL].fetchrow(Q.executor_for_token, executor_id)
+    if row is None:
+        raise not_found(f"executor {executor_id}")
+    if principal.role != "admin" and row["token_id"] != principal.token_id:
+        raise forbidden("this executor was registered with another token", "not_your_executor")
+    return row
+
+
+@routes.post("/api/v1/executors/{executor_id}/claim")
+async def claim(request: web.Request) -> web.Response:
+    executor = await _own_executor(request)
+    if executor["status"] == "offline":
+        raise ApiError(409, "deregistered", "this executor deregistered; register again to claim work")
+    settings = request.app[SETTINGS]
+    wait = query_float(request, "wait", settings.long_poll_s, 0, settings.long_poll_s)
+    pool, waiters = request.app[POOL], request.app[WAITERS]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    with waiters.registered(frozenset(executor["capabilities"])) as waiter:
+        while True:
+            row = await pool.fetchrow(Q.claim, executor["id"], settings.lease_timeout_s)
+            if row is not None:
+                return _json(await _lease(request, row))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return web.Response(status=204)
+            await waiter.wait(remaining)
+
+
+async def _lease(request: web.Request, row: Any) -> dict[str, Any]:
+    store = request.app[STORE]
+    lifetime = max(URL_LIFETIME_S, 2 * request.app[SETTINGS].lease_timeout_s)
+    return {
+        "lease": {"token": str(row["lease_token"]), "expires_at": row["expires_at"].isoformat()},
+        "subtask": {
+            "team": row["team"],
+            "project": row["project"],
+            "task_name": row["task_name"],
+            "subtask_id": row["subtask_id"],
+            "attempt": row["attempt"],
+            "kind": row["kind"],
+            "model": row["model"],
+            "params": row["params"],
+            "input": {
+                "url": await store.presign_get(row["input_uri"], lifetime),
+                "range": [row["byte_start"], row["byte_end"]],
+                "records": row["records"],
+            },
+            "output": {"url": await store.presign_put(row["output_key"], lifetime)},
+        },
+    }
+
+
+def _tokens(body: dict[str, Any]) -> list[str]:
+    tokens = body.get("leases", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) or len(tokens) > 1000:
+        raise invalid({"leases": "must be a list of lease tokens (strings)"})
+    return tokens
+
+
+def _as_uuid(token: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(token)
+    except ValueError:
+        return None
+
+
+@routes.post("/api/v1/executors/{executor_id}/heartbeat")
+async def heartbeat(request: web.Request) -> web.Response:
+    executor = await _own_executor(request)
+    tokens = _tokens(await json_object(request, optional=True))
+    parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
+    rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed)
+    states = {str(r["lease_token"]): r["state"] for r in rows}
+    # A token that is not even a UUID was never a lease: it is lost, like any stale one.
+    return _json({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})
+
+
+@routes.post("/api/v1/executors/{executor_id}/deregister")
+async def deregister(request: web.Request) -> web.Response:
+    executor = await _own_executor(request)
+    released = await request.app[POOL].fetchval(Q.deregister, executor["id"])
+    log.info("executor_deregistered", executor_id=str(executor["id"]), released=released)
+    return _json({"status": "offline", "released": released})
+
+
+@routes.get("/api/v1/executors")
+async def list_executors(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    team = request.query.get("team") or principal.team
+    if team is not None and not NAME.match(team):
+        raise invalid({"team": "not a valid name"})
+    if principal.role != "admin" and principal.team is not None and team != principal.team:
+        raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
+    rows = await request.app[POOL].fetch(Q.list_executors, team, request.app[SETTINGS].lease_timeout_s)
+    return _json({"executors": [
+        {
+            "id": str(r["id"]), "name": r["name"], "team": r["team"], "status": r["status"],
+            "hardware": r["hardware"], "kinds": r["kinds"], "models": r["models"],
+            "preferences": r["preferences"], "current": r["current"],
+            "registered_at": r["registered_at"].isoformat(),
+            "last_heartbeat_at": r["last_heartbeat_at"].isoformat() if r["last_heartbeat_at"] else None,
+        }
+        for r in rows
+    ]})

@@ -1,0 +1,95 @@
+"""Lease endpoints: complete, fail, release. The lease token fences each one: a token that is no
+longer current gets 409 and changes nothing, so a result is committed exactly once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from services.api.appkeys import POOL, STORE
+from services.api.auth import require
+from services.api.bodies import json_object
+from services.api.errors import ApiError, conflict, invalid
+
+Q = Queries("api")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+
+_REFUSED = {
+    "lost": ("lease_lost", "this lease is no longer current (reclaimed, released or already finished)"),
+    "cancelled": ("task_cancelled", "the task was cancelled; drop this work"),
+    "records_mismatch": ("records_mismatch", "records does not match the subtask's record count"),
+}
+
+
+def _ok() -> web.Response:
+    return web.Response(body=jsoncodec.dumps({"status": "ok"}), content_type="application/json")
+
+
+def _token(request: web.Request) -> uuid.UUID:
+    require(request, "executor")
+    try:
+        return uuid.UUID(request.match_info["token"])
+    except ValueError:
+        raise conflict(*_REFUSED["lost"]) from None
+
+
+def _verdict(verdict: str) -> None:
+    if verdict == "ok":
+        return
+    code, message = _REFUSED[verdict]
+    if verdict == "records_mismatch":
+        raise invalid({"records": message})
+    raise conflict(code, message)
+
+
+def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) -> Any:
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+        raise invalid({key: f"required: a non-negative {'integer' if integer else 'number'}"})
+    return value
+
+
+@routes.post("/api/v1/leases/{token}/complete")
+async def complete(request: web.Request) -> web.Response:
+    token = _token(request)
+    body = await json_object(request)
+    records = _number(body, "records", required=True, integer=True)
+    seconds = _number(body, "seconds", required=False, integer=False)
+    pool, store = request.app[POOL], request.app[STORE]
+    output_key = await pool.fetchval(Q.lease_output_key, token)
+    # A current lease must have written its output first; a stale one is refused by the SQL below.
+    if output_key is not None and await store.size(store.uri_for(output_key)) is None:
+        raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing")
+    _verdict(await pool.fetchval(Q.complete, token, records, seconds))
+    return _ok()
+
+
+@routes.post("/api/v1/leases/{token}/fail")
+async def fail(request: web.Request) -> web.Response:
+    token = _token(request)
+    body = await json_object(request)
+    error = body.get("error")
+    retryable = body.get("retryable", True)
+    if not isinstance(error, str) or not error.strip():
+        raise invalid({"error": "required: what went wrong"})
+    if not isinstance(retryable, bool):
+        raise invalid({"retryable": "must be true or false"})
+    _verdict(await request.app[POOL].fetchval(Q.fail, token, error[:4000], retryable))
+    log.info("lease_failed", token=str(token), error=error[:200], retryable=retryable)
+    return _ok()
+
+
+@routes.post("/api/v1/leases/{token}/release")
+async def release(request: web.Request) -> web.Response:
+    token = _token(request)
+    _verdict(await request.app[POOL].fetchval(Q.release, token))
+    return _ok()

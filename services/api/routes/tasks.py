@@ -1,0 +1,222 @@
+"""Tasks: submit, list, show, cancel, results; and inputs for clients without an S3 of their own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.records import parse_line
+from minions.store.base import ObjectNotFound, ObjectStore
+from services.api.appkeys import POOL, SETTINGS, STORE
+from services.api.auth import Principal, require
+from services.api.bodies import json_object, query_int
+from services.api.errors import ApiError, conflict, forbidden, invalid, not_found
+from services.api.representations import task_object
+from services.api.validation import NAME, TaskRequest, validate_task
+
+Q = Queries("api")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
+RESULT_PAGE = 200
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsoncodec.dumps(data), status=status, content_type="application/json")
+
+
+async def _task_row(request: web.Request, principal: Principal) -> Any:
+    team, project, name = (request.match_info[k] for k in ("team", "project", "name"))
+    if not principal.can_see_team(team):
+        raise not_found(f"task {team}/{project}/{name}")  # other teams' tasks do not exist for you
+    row = await request.app[POOL].fetchrow(Q.task_by_name, team, project, name)
+    if row is None:
+        raise not_found(f"task {team}/{project}/{name}")
+    return row
+
+
+@routes.post("/api/v1/tasks")
+async def submit_task(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    task = validate_task(await json_object(request))
+    if not principal.can_see_team(task.team):
+        raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
+    pool, store = request.app[POOL], request.app[STORE]
+
+    existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
+    if existing is not None:
+        return await _resubmitted(request, task, existing)
+
+    input_uri = await _store_input(store, task)
+    task_id = await pool.fetchval(
+        Q.insert_task, task.team, task.project, task.name, task.kind, task.model, task.params,
+        task.priority, task.subtask_size, request.app[SETTINGS].max_attempts, input_uri,
+        task.request_hash, principal.token_id,
+    )
+    if task_id is None:  # lost a race with an identical name: same answer as a re-submission
+        if task.records_jsonl is not None:
+            await store.delete(input_uri)
+        existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
+        return await _resubmitted(request, task, existing)
+    log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
+             model=task.model)
+    return _json(task_object(await pool.fetchrow(Q.task_by_id, task_id), store), 201)
+
+
+async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -> web.Response:
+    """Idempotent submission: the same body again returns the task; a different one is a conflict."""
+    if existing["request_hash"] != task.request_hash:
+        raise conflict("task_exists",
+                       f"task {task.team}/{task.project}/{task.name} exists with a different definition")
+    row = await request.app[POOL].fetchrow(Q.task_by_id, existing["id"])
+    return _json(task_object(row, request.app[STORE]), 200)
+
+
+async def _store_input(store: ObjectStore, task: TaskRequest) -> str:
+    if task.records_jsonl is not None:
+        key = f"inputs/{task.team}/{task.project}/{task.name}-{task.request_hash[:16]}.jsonl"
+        return await store.put_bytes(key, task.records_jsonl)
+    assert task.input_uri is not None
+    if not store.readable(task.input_uri):
+        raise invalid({"input.uri": f"not readable by this server's store ({store.root_uri}); "
+                                    "upload it with POST /api/v1/inputs or use an s3:// URI"})
+    if await store.size(task.input_uri) is None:
+        raise invalid({"input.uri": "no such object"})
+    return task.input_uri
+
+
+@routes.get("/api/v1/tasks")
+async def list_tasks(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    team = request.query.get("team") or None
+    if principal.role != "admin" and principal.team is not None:
+        if team is not None and team != principal.team:
+            return _json({"tasks": [], "next": None})
+        team = principal.team
+    project = request.query.get("project") or None
+    status = request.query.get("status") or None
+    errors = {}
+    for key, value in (("team", team), ("project", project)):
+        if value is not None and not NAME.match(value):
+            errors[key] = "not a valid name"
+    if status is not None and status not in STATUSES:
+        errors["status"] = f"must be one of {', '.join(STATUSES)}"
+    cursor_raw = request.query.get("cursor") or None
+    cursor = None
+    if cursor_raw is not None:
+        if not cursor_raw.isdigit():
+            errors["cursor"] = "not a cursor this server returned"
+        else:
+            cursor = int(cursor_raw)
+    if errors:
+        raise invalid(errors)
+    limit = query_int(request, "limit", 50, 1, 500)
+    rows = await request.app[POOL].fetch(Q.list_tasks, team, project, status, cursor, limit)
+    store = request.app[STORE]
+    next_cursor = str(rows[-1]["id"]) if len(rows) == limit else None
+    return _json({"tasks": [task_object(r, store) for r in rows], "next": next_cursor})
+
+
+@routes.get("/api/v1/tasks/{team}/{project}/{name}")
+async def show_task(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    return _json(task_object(await _task_row(request, principal), request.app[STORE]))
+
+
+@routes.post("/api/v1/tasks/{team}/{project}/{name}/cancel")
+async def cancel_task(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    row = await _task_row(request, principal)
+    pool = request.app[POOL]
+    if not await pool.fetchval(Q.cancel_task, row["id"]):
+        if row["status"] != "cancelled":
+            raise conflict("task_finished", f"task is already {row['status']}; only a running task can be "
+                                            "cancelled")
+    log.info("task_cancelled", task_id=row["id"])
+    return _json(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
+
+
+@routes.get("/api/v1/tasks/{team}/{project}/{name}/results")
+async def task_results(request: web.Request) -> web.StreamResponse:
+    principal = require(request, "user")
+    row = await _task_row(request, principal)
+    partial = request.query.get("partial", "false").lower() in ("1", "true", "yes")
+    if row["finished_at"] is None and not partial:
+        raise conflict("not_finished", f"task is {row['status']}; results are ready when it ends "
+                                       "(or ask for ?partial=true)")
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    async for chunk in _result_chunks(request, row):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes]:
+    """Committed outputs in input order, a page of subtasks at a time (constant memory)."""
+    pool, store = request.app[POOL], request.app[STORE]
+    after = -1
+    while True:
+        page = await pool.fetch(Q.result_subtasks, task["id"], after, RESULT_PAGE)
+        if not page:
+            return
+        for sub in page:
+            after = sub["subtask_id"]
+            if sub["state"] == "done":
+                async for chunk in _read_output(store, store.uri_for(sub["output_key"])):
+                    yield chunk
+            elif sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
+                reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
+                async for line in _error_lines(store, task, sub, reason or "failed"):
+                    yield line
+
+
+async def _read_output(store: ObjectStore, uri: str) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in store.read(uri):
+            yield chunk
+    except ObjectNotFound:
+        # A committed output was removed from the store behind our back: say so in the stream
+        # rather than silently dropping records.
+        log.error("committed_output_missing", uri=uri)
+        raise
+
+
+async def _error_lines(store: ObjectStore, task: Any, sub: Any, reason: str) -> AsyncIterator[bytes]:
+    """One {"id", "error"} line per record of a subtask that did not produce results."""
+    buffer = b""
+    async for chunk in store.read(task["input_uri"], sub["byte_start"], sub["byte_end"]):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                record_id, _ = parse_line(task["kind"], line)
+                yield jsoncodec.dumps_line({"id": record_id, "error": reason})
+    if buffer.strip():
+        record_id, _ = parse_line(task["kind"], buffer)
+        yield jsoncodec.dumps_line({"id": record_id, "error": reason})
+
+
+@routes.post("/api/v1/inputs")
+async def upload_input(request: web.Request) -> web.Response:
+    require(request, "user")
+    if request.content_type not in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
+        raise ApiError(415, "unsupported_media_type", "send JSONL with Content-Type: application/x-ndjson")
+    store = request.app[STORE]
+    key = f"inputs/uploads/{uuid.uuid4().hex}.jsonl"
+
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in request.content.iter_chunked(1 << 20):
+            yield chunk
+
+    uri, size = await store.put_stream(key, body())
+    if size == 0:
+        await store.delete(uri)
+        raise invalid({"body": "empty input: send at least one JSONL record"})
+    return _json({"uri": uri, "bytes": size}, 201)

@@ -1,0 +1,156 @@
+"""Validating a task submission: every problem is reported at once, by field (422)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from minions import jsoncodec
+from minions.records import KINDS, check_record
+from services.api.errors import invalid
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
+DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
+MAX_SUBTASK_SIZE = 100_000
+MAX_FIELD_ERRORS = 20
+
+# Known params per kind, each with a check returning an error or None.
+_PARAMS: dict[str, dict[str, Any]] = {
+    "embedding": {
+        "normalize": lambda v: None if isinstance(v, bool) else "must be true or false",
+        "pooling": lambda v: None if v in ("mean", "cls") else "must be \"mean\" or \"cls\"",
+        "max_length": lambda v: _int_between(v, 1, 8192),
+        "batch_size": lambda v: _int_between(v, 1, 4096),
+    },
+    "completion": {
+        "temperature": lambda v: None if _is_number(v) and 0 <= v <= 10 else "must be a number from 0 to 10",
+        "max_tokens": lambda v: _int_between(v, 1, 131072),
+        "seed": lambda v: _int_between(v, -(2**63), 2**63 - 1),
+        "system": lambda v: None if isinstance(v, str) else "must be a string",
+    },
+    "sleep": {},
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _int_between(v: Any, low: int, high: int) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        return f"must be an integer from {low} to {high}"
+    return None
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    team: str
+    project: str
+    name: str
+    kind: str
+    model: str
+    params: dict[str, Any]
+    priority: int
+    subtask_size: int
+    records_jsonl: bytes | None  # inline records, as the JSONL the store will hold
+    input_uri: str | None
+    request_hash: str
+
+
+def validate_task(body: dict[str, Any]) -> TaskRequest:
+    errors: dict[str, str] = {}
+    for key in ("team", "project", "name"):
+        value = body.get(key)
+        if not isinstance(value, str) or not NAME.match(value):
+            errors[key] = "required: " + NAME_RULE if value is None else "must be " + NAME_RULE
+
+    kind = body.get("kind")
+    if kind not in KINDS:
+        errors["kind"] = f"must be one of {', '.join(KINDS)}"
+    model = body.get("model", "sleep" if kind == "sleep" else None)
+    if not isinstance(model, str) or not 1 <= len(model.strip()) <= 256:
+        errors["model"] = "required: a model name of 1-256 characters"
+
+    params = body.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        errors["params"] = "must be an object"
+    elif kind in _PARAMS:
+        for key, value in params.items():
+            check = _PARAMS[kind].get(key)
+            if check is None:
+                known = ", ".join(_PARAMS[kind]) or "none"
+                errors[f"params.{key}"] = f"unknown parameter for {kind} (known: {known})"
+            elif (problem := check(value)) is not None:
+                errors[f"params.{key}"] = problem
+
+    priority = body.get("priority", 0)
+    if (problem := _int_between(priority, -1000, 1000)) is not None:
+        errors["priority"] = problem
+    default_size = DEFAULT_SUBTASK_SIZE.get(kind, 100) if isinstance(kind, str) else 100
+    subtask_size = body.get("subtask_size", default_size)
+    if subtask_size is None:
+        subtask_size = default_size
+    if (problem := _int_between(subtask_size, 1, MAX_SUBTASK_SIZE)) is not None:
+        errors["subtask_size"] = problem
+
+    records_jsonl, input_uri = _validate_input(body.get("input"), kind, errors)
+    unknown = set(body) - {"team", "project", "name", "kind", "model", "params", "priority",
+                           "subtask_size", "input"}
+    for key in sorted(unknown):
+        errors[key] = "unknown field"
+    if errors:
+        raise invalid(errors, f"{len(errors)} invalid field(s): " + ", ".join(list(errors)[:5]))
+
+    assert isinstance(kind, str) and isinstance(model, str) and isinstance(params, dict)
+    fingerprint = hashlib.sha256()
+    fingerprint.update(jsoncodec.dumps([kind, model, params, priority, subtask_size, input_uri]))
+    if records_jsonl is not None:
+        fingerprint.update(records_jsonl)
+    return TaskRequest(
+        team=body["team"], project=body["project"], name=body["name"], kind=kind, model=model.strip(),
+        params=params, priority=priority, subtask_size=subtask_size, records_jsonl=records_jsonl,
+        input_uri=input_uri, request_hash=fingerprint.hexdigest(),
+    )
+
+
+def _validate_input(value: Any, kind: Any, errors: dict[str, str]) -> tuple[bytes | None, str | None]:
+    if not isinstance(value, dict) or (("records" in value) == ("uri" in value)):
+        errors["input"] = "required: an object with either \"records\" (a list) or \"uri\" (a string)"
+        return None, None
+    if "uri" in value:
+        uri = value["uri"]
+        if not isinstance(uri, str) or not uri.strip():
+            errors["input.uri"] = "must be a non-empty string"
+            return None, None
+        return None, uri.strip()
+    records = value["records"]
+    if not isinstance(records, list) or not records:
+        errors["input.records"] = "must be a non-empty list of records"
+        return None, None
+    if kind not in KINDS:
+        return None, None
+    lines = []
+    seen: dict[str, int] = {}
+    problems = 0
+    for i, record in enumerate(records):
+        problem = check_record(kind, record)
+        if problem is None:
+            key = jsoncodec.dumps_str(record["id"])
+            if key in seen:
+                problem = f"duplicate id {key} (first at index {seen[key]})"
+            else:
+                seen[key] = i
+        if problem is not None:
+            problems += 1
+            if problems <= MAX_FIELD_ERRORS:
+                errors[f"input.records[{i}]"] = problem
+            continue
+        lines.append(jsoncodec.dumps_line(record))
+    if problems > MAX_FIELD_ERRORS:
+        errors["input.records"] = f"{problems} invalid records; the first {MAX_FIELD_ERRORS} are listed"
+    return b"".join(lines), None

@@ -1,0 +1,5 @@
+import sys
+
+from services.watchdog.main import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""`python -m services.watchdog` / `minions watchdog`: the watchdog service alone (production)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from minions import config
+from minions.logging import configure
+from minions.runtime import install_uvloop
+from services.watchdog.service import Watchdog
+
+SETTINGS = ("database_url", "lease_timeout_s", "heartbeat_interval_s", "sweep_interval_s")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_arguments(parser, SETTINGS)
+
+
+async def _serve(watchdog: Watchdog) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, watchdog.stop)
+    await watchdog.run()
+
+
+def run(args: argparse.Namespace) -> int:
+    configure("watchdog")
+    settings = config.from_args(args)
+    if not settings.database_url:
+        print("minions watchdog: MINIONS_DATABASE_URL is required", file=sys.stderr)
+        return 2
+    install_uvloop()
+    asyncio.run(_serve(Watchdog(settings)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="minions watchdog", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,119 @@
+"""The watchdog: LISTENs on `heartbeats`, keeps deadlines only for executors holding a lease, and
+when one passes asks SQL to reclaim (which re-checks the silence under a row lock, so our clock
+never decides alone). It also sweeps on start, after every reconnect and on a timer: a NOTIFY is a
+wake-up, never the only record of work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+
+import asyncpg
+
+from minions.config import Settings
+from minions.db.connect import CONNECTION_ERRORS, connect
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from services.watchdog.deadlines import Deadlines
+
+Q = Queries("watchdog")
+log = get_logger(__name__)
+CHANNEL = "heartbeats"
+
+
+class Watchdog:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.deadlines = Deadlines()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.reclaimed_total = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        delay = 0.2
+        while not self._stopping.is_set():
+            try:
+                conn = await connect(self.settings.database_url)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("database_unreachable", error=str(exc), retry_in_s=round(delay, 2))
+                await self._sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.2
+            try:
+                await self._serve(conn)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("database_connection_lost", error=str(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 2)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _serve(self, conn: asyncpg.Connection) -> None:
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _c: (lost.set(), self._wake.set()))
+        await conn.add_listener(CHANNEL, self._on_heartbeat)
+        log.info("listening", channel=CHANNEL, lease_timeout_s=self.settings.lease_timeout_s)
+        await self._sweep(conn)
+        next_sweep = asyncio.get_running_loop().time() + self.settings.sweep_interval_s
+        while not self._stopping.is_set() and not lost.is_set():
+            loop_now = asyncio.get_running_loop().time()
+            if loop_now >= next_sweep:
+                await self._sweep(conn)
+                next_sweep = loop_now + self.settings.sweep_interval_s
+            for executor_id in self.deadlines.due():
+                await self._reclaim(conn, executor_id)
+            timeout = min(self.deadlines.seconds_to_next() or float("inf"), next_sweep - loop_now)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.01, timeout))
+        if lost.is_set():
+            raise ConnectionError("LISTEN connection closed")
+
+    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        executor_raw, _, leases_raw = payload.partition(" ")
+        try:
+            executor_id, leases = uuid.UUID(executor_raw), int(leases_raw)
+        except ValueError:
+            log.warning("bad_heartbeat_payload", payload=payload)
+            return
+        if leases > 0:
+            self.deadlines.track(executor_id, self.settings.lease_timeout_s)
+        else:
+            self.deadlines.forget(executor_id)
+        self._wake.set()
+
+    async def _sweep(self, conn: asyncpg.Connection) -> None:
+        timeout = self.settings.lease_timeout_s
+        reclaimed = await conn.fetchval(Q.reclaim_expired, timeout)
+        self._count(reclaimed, "sweep")
+        rows = await conn.fetch(Q.lease_holders, timeout)
+        self.deadlines.replace_all({r["executor_id"]: r["remaining_s"] for r in rows})
+
+    async def _reclaim(self, conn: asyncpg.Connection, executor_id: uuid.UUID) -> None:
+        timeout = self.settings.lease_timeout_s
+        reclaimed = await conn.fetchval(Q.reclaim_executor, executor_id, timeout)
+        if reclaimed:
+            self._count(reclaimed, "deadline", executor_id=str(executor_id))
+            self.deadlines.forget(executor_id)
+            return
+        # Not silent after all (a heartbeat we have not heard yet), or no lease left: re-read.
+        row = await conn.fetchrow(Q.holder_remaining, executor_id, timeout)
+        if row is None or row["leases"] == 0:
+            self.deadlines.forget(executor_id)
+        else:
+            self.deadlines.track(executor_id, row["remaining_s"])
+
+    def _count(self, reclaimed: int, why: str, **fields: str) -> None:
+        if reclaimed:
+            self.reclaimed_total += reclaimed
+            log.warning("leases_reclaimed", subtasks=reclaimed, trigger=why, **fields)

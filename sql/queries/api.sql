@@ -1,0 +1,96 @@
+-- Every statement the API service runs, by name (loaded by minions.db.queries).
+
+-- name: ping
+SELECT 1;
+
+-- name: token_by_hash
+SELECT id, role, team::text AS team FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+
+-- name: store_signing_key
+SELECT value FROM minion_settings WHERE key = 'store_signing_key';
+
+-- name: insert_task
+INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
+                   input_uri, request_hash, created_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (team, project, name) DO NOTHING
+RETURNING id;
+
+-- name: task_request_hash
+SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $3;
+
+-- name: task_by_name
+SELECT t.*, c.* FROM tasks t
+CROSS JOIN LATERAL minion_task_counts(t.id) c
+WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
+
+-- name: task_by_id
+SELECT t.*, c.* FROM tasks t
+CROSS JOIN LATERAL minion_task_counts(t.id) c
+WHERE t.id = $1;
+
+-- name: list_tasks
+-- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
+SELECT t.*, c.* FROM tasks t
+CROSS JOIN LATERAL minion_task_counts(t.id) c
+WHERE ($1::text IS NULL OR t.team = $1)
+  AND ($2::text IS NULL OR t.project = $2)
+  AND ($3::text IS NULL OR t.status = $3)
+  AND ($4::bigint IS NULL OR t.id < $4)
+ORDER BY t.id DESC
+LIMIT $5;
+
+-- name: cancel_task
+SELECT minion_cancel_task($1);
+
+-- name: result_subtasks
+-- One page of a task's subtasks in input order, for streaming results in constant memory.
+SELECT subtask_id, state, output_key, last_error, byte_start, byte_end, records
+FROM subtasks WHERE task_id = $1 AND subtask_id > $2
+ORDER BY subtask_id LIMIT $3;
+
+-- name: executor_for_token
+SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHERE id = $1;
+
+-- name: register_executor
+SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
+
+-- name: claim
+SELECT * FROM minion_claim($1, $2);
+
+-- name: heartbeat
+SELECT * FROM minion_heartbeat($1, $2);
+
+-- name: lease_output_key
+-- The object a current lease must have written before it may complete.
+SELECT minion_output_key(task_id, subtask_id, attempts, lease_token) AS output_key
+FROM subtasks WHERE lease_token = $1 AND state = 'leased';
+
+-- name: complete
+SELECT minion_complete($1, $2, $3);
+
+-- name: fail
+SELECT minion_fail($1, $2, $3);
+
+-- name: release
+SELECT minion_release($1);
+
+-- name: deregister
+SELECT minion_deregister($1);
+
+-- name: list_executors
+-- $1 team filter (NULL: all), $2 lease timeout (for the derived status)
+SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.registered_at,
+       h.beat_at AS last_heartbeat_at,
+       minion_executor_status(e.status, coalesce(h.leases, 0), h.beat_at, $2) AS status,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('team', p.team, 'project', p.project,
+                                                     'task_name', p.task_name) ORDER BY p.position)
+                   FROM executor_preferences p WHERE p.executor_id = e.id), '[]') AS preferences,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('team', s.team, 'project', s.project,
+                                                     'task_name', s.task_name, 'subtask_id', s.subtask_id,
+                                                     'attempt', s.attempts, 'leased_at', s.leased_at)
+                                  ORDER BY s.leased_at)
+                   FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'), '[]') AS current
+FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
+WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
+ORDER BY e.name;

@@ -1,0 +1,168 @@
+"""The lease functions in SQL, called as an operator would from psql."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+
+from minions.db.connect import connect, create_pool
+from tests.support.factories import make_executor, make_task, make_token
+
+
+async def _setup(database_url: str) -> tuple[asyncpg.Connection, int]:
+    conn = await connect(database_url)
+    _, token_id = await make_token(conn, "executor")
+    return conn, token_id
+
+
+async def test_concurrent_claims_lease_each_subtask_exactly_once(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=100)
+    executors = [await make_executor(conn, token_id) for _ in range(50)]
+    pool = await create_pool(database_url, min_size=10, max_size=50)
+    won: list[tuple[int, int]] = []
+
+    async def claimer(executor_id: uuid.UUID) -> None:
+        while True:
+            row = await pool.fetchrow("SELECT * FROM minion_claim($1, 60)", executor_id)
+            if row is None:
+                return
+            won.append((row["task_id"], row["subtask_id"]))
+
+    await asyncio.gather(*(claimer(e) for e in executors))
+    assert sorted(won) == [(task_id, i) for i in range(100)]
+    assert await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement") == 100
+    await pool.close()
+    await conn.close()
+
+
+async def test_claim_order_priority_then_fifo_and_capabilities(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    old = await make_task(conn, subtasks=2)
+    urgent = await make_task(conn, subtasks=2, priority=5)
+    await make_task(conn, subtasks=2, kind="embedding", model="m1")
+    ex = await make_executor(conn, token_id)
+    order = [(await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex))["task_id"] for _ in range(4)]
+    assert order == [urgent, urgent, old, old]
+    # Only what it advertised: the embedding task is never handed to a sleep-only executor.
+    assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex) is None
+    await conn.close()
+
+
+async def test_preferences_first_then_fallback(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    a = await make_task(conn, team="team-a", subtasks=1)
+    b = await make_task(conn, team="team-b", subtasks=1)
+    ex = await make_executor(conn, token_id, preferences=[{"team": "team-b"}])
+    first = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    second = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    assert (first["task_id"], second["task_id"]) == (b, a)
+    await conn.close()
+
+
+async def test_team_scoped_executor_claims_only_its_team(database_url: str) -> None:
+    conn = await connect(database_url)
+    _, token_id = await make_token(conn, "executor", team="team-b")
+    await make_task(conn, team="team-a", subtasks=1)
+    b = await make_task(conn, team="team-b", subtasks=1)
+    ex = await make_executor(conn, token_id, team="team-b")
+    assert (await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex))["task_id"] == b
+    assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex) is None
+    await conn.close()
+
+
+async def test_stale_token_cannot_complete(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=1)
+    slow, fast = await make_executor(conn, token_id), await make_executor(conn, token_id)
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", slow)
+    assert await conn.fetchval("SELECT minion_release($1)", lease["lease_token"]) == "ok"
+    second = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", fast)
+    assert second["attempt"] == 1  # a release does not count as an attempt
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", lease["lease_token"]) == "lost"
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", second["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", second["lease_token"]) == "lost"
+    task = await conn.fetchrow("SELECT status, finished_at FROM tasks WHERE id = $1", task_id)
+    assert task["status"] == "completed" and task["finished_at"] is not None
+    await conn.close()
+
+
+async def test_retryable_failures_until_max_attempts(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=1, max_attempts=2)
+    ex = await make_executor(conn, token_id)
+    for attempt, error in ((1, "first boom"), (2, "second boom")):
+        lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+        assert lease["attempt"] == attempt
+        assert await conn.fetchval("SELECT minion_fail($1, $2, true)", lease["lease_token"], error) == "ok"
+    assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex) is None
+    sub = await conn.fetchrow("SELECT state, last_error FROM subtasks WHERE task_id = $1", task_id)
+    assert (sub["state"], sub["last_error"]) == ("failed", "second boom")
+    task = await conn.fetchrow("SELECT status, error FROM tasks WHERE id = $1", task_id)
+    assert task["status"] == "failed" and "second boom" in task["error"]
+    history = await conn.fetch(
+        "SELECT outcome, error FROM subtask_attempts WHERE task_id = $1 ORDER BY attempt", task_id)
+    assert [(h["outcome"], h["error"]) for h in history] == [("failed", "first boom"), ("failed", "second boom")]
+    await conn.close()
+
+
+async def test_non_retryable_failure_fails_at_once(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=2, max_attempts=3)
+    ex = await make_executor(conn, token_id)
+    first = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    assert await conn.fetchval("SELECT minion_fail($1, 'unknown model', false)", first["lease_token"]) == "ok"
+    second = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    assert second["subtask_id"] != first["subtask_id"]
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", second["lease_token"]) == "ok"
+    task = await conn.fetchrow("SELECT status, open_subtasks FROM tasks WHERE id = $1", task_id)
+    assert (task["status"], task["open_subtasks"]) == ("failed", 0)
+    await conn.close()
+
+
+async def test_reclaim_silent_executor(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=1)
+    silent, other = await make_executor(conn, token_id), await make_executor(conn, token_id)
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", silent)
+    assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", silent) == 0  # not silent yet
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '2 minutes' WHERE executor_id = $1",
+                       silent)
+    assert await conn.fetchval("SELECT minion_reclaim_expired(60)") == 1
+    assert await conn.fetchval("SELECT status FROM executors WHERE id = $1", silent) == "lost"
+    again = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", other)
+    assert again["attempt"] == 2 and again["task_id"] == task_id
+    beat = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2)", silent, [lease["lease_token"]])
+    assert beat[0]["state"] == "lost"
+    await conn.close()
+
+
+async def test_cancel_answers_cancelled_to_holders(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=3)
+    ex = await make_executor(conn, token_id)
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    assert await conn.fetchval("SELECT minion_cancel_task($1)", task_id)
+    beat = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2)", ex, [lease["lease_token"]])
+    assert beat[0]["state"] == "cancelled"
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", lease["lease_token"]) == "cancelled"
+    states = await conn.fetch("SELECT DISTINCT state FROM subtasks WHERE task_id = $1", task_id)
+    assert [s["state"] for s in states] == ["cancelled"]
+    assert await conn.fetchval("SELECT leases FROM heartbeats WHERE executor_id = $1", ex) == 0
+    await conn.close()
+
+
+async def test_claim_uses_the_pending_index(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    for _ in range(3):
+        await make_task(conn, subtasks=2000)
+    await conn.execute("ANALYZE subtasks")
+    plan = await conn.fetchval(
+        """EXPLAIN (FORMAT JSON) SELECT s.capability, s.priority, s.task_id FROM subtasks s
+           WHERE s.state = 'pending' AND s.capability = 'sleep:*'
+           ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1"""
+    )
+    assert "subtasks_pending_queue" in str(plan)
+    await conn.close()
