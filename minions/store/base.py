@@ -6,8 +6,14 @@ under its own root by *key* (`inputs/…`, `outputs/…`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Protocol
+
+# Keys become file paths (local store) and URL paths (signed URLs) verbatim, so the alphabet is
+# kept to characters that need no quoting anywhere and cannot name a parent folder.
+_KEY_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+MAX_KEY_LENGTH = 1024  # S3's own limit on key length
 
 
 class StoreError(Exception):
@@ -16,6 +22,22 @@ class StoreError(Exception):
 
 class ObjectNotFound(StoreError):
     pass
+
+
+class InvalidKey(StoreError, ValueError):
+    """A key or URI that no store may use (a ValueError too: it is the caller's mistake)."""
+
+
+def validate_key(key: str) -> str:
+    """Return `key` if it is a safe relative object key, else raise InvalidKey: `/`-separated
+    segments of `[A-Za-z0-9._-]`, no empty, `.` or `..` segment (so no absolute paths, no escapes
+    from a store's root), at most 1024 characters."""
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"object key must be 1-{MAX_KEY_LENGTH} characters: {key[:80]!r}")
+    for segment in key.split("/"):
+        if segment in ("", ".", "..") or not _KEY_SEGMENT.fullmatch(segment):
+            raise InvalidKey(f"invalid object key {key!r}: segments of [A-Za-z0-9._-], no '.' or '..'")
+    return key
 
 
 class ObjectStore(Protocol):

@@ -3,6 +3,7 @@ shut-down are symmetrical and each test can build a fresh app."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -15,7 +16,7 @@ from minions.logging import get_logger
 from minions.store.factory import open_store
 from services.api import routes as _routes  # noqa: F401  (package marker)
 from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
-from services.api.auth import TokenCache, authenticate
+from services.api.auth import PRINCIPAL, TokenCache, authenticate
 from services.api.claim_waiters import ClaimWaiters
 from services.api.errors import ApiError, error_response
 from services.api.routes import executors, health, leases, tasks
@@ -61,8 +62,17 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _signing_key(pool: asyncpg.Pool) -> str:
-    value: str = await pool.fetchval(Q.store_signing_key)
-    return value
+    """The local store's URL-signing key lives in the database so every replica shares it. A service
+    started before its database waits for it here, saying so, rather than crashing."""
+    delay = 0.2
+    while True:
+        try:
+            value: str = await pool.fetchval(Q.store_signing_key)
+            return value
+        except CONNECTION_ERRORS as exc:
+            log.warning("waiting_for_database", error=str(exc), retry_in_s=round(delay, 2))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
@@ -79,7 +89,7 @@ _TOKENS = TokenCache()
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not request.path.startswith(PUBLIC_PATHS):
-        request["principal"] = await authenticate(request, _TOKENS, request.app[POOL])
+        request[PRINCIPAL] = await authenticate(request, _TOKENS, request.app[POOL])
     return await handler(request)
 
 
@@ -89,13 +99,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except ApiError as exc:
         return exc.response()
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(413, "too_large", f"request body over {exc.max_size} bytes")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        return error_response(exc.status, code, exc.reason, headers=dict(exc.headers))
+        headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return error_response(exc.status, code, exc.reason, headers=headers)
     except CONNECTION_ERRORS as exc:
         log.warning("database_unavailable", path=request.path, error=str(exc))
         return error_response(503, "database_unavailable", "the database is unreachable; retry shortly",

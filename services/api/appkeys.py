@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncpg
 from aiohttp import web
 
 from minions.config import Settings
 from minions.store.base import ObjectStore
-
-if TYPE_CHECKING:
-    from services.api.claim_waiters import ClaimWaiters
+from services.api.claim_waiters import ClaimWaiters
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 STORE = web.AppKey("store", ObjectStore)
-WAITERS = web.AppKey("waiters", "ClaimWaiters")
+WAITERS = web.AppKey("waiters", ClaimWaiters)

@@ -29,6 +29,9 @@ class Principal:
 
 
 
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
 class TokenCache:
     def __init__(self) -> None:
         self._entries: dict[bytes, tuple[float, Principal | None]] = {}
@@ -60,7 +63,7 @@ async def authenticate(request: web.Request, cache: TokenCache, pool: asyncpg.Po
 
 
 def require(request: web.Request, *roles: str) -> Principal:
-    principal: Principal = request["principal"]
+    principal = request[PRINCIPAL]
     if principal.role != "admin" and principal.role not in roles:
         raise forbidden(f"this needs a token with role {' or '.join(roles)}; yours is {principal.role}",
                         "wrong_role")

@@ -14,8 +14,10 @@ from services.api.errors import ApiError, bad_request, invalid
 async def json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, "too_large", f"request body over {exc.max_size} bytes") from None
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app._client_max_size
+        raise ApiError(413, "too_large", f"request body over {limit:,} bytes; upload large inputs with "
+                                         "POST /api/v1/inputs and submit their uri") from None
     if not raw.strip():
         if optional:
             return {}

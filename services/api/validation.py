@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from minions import jsoncodec
+from minions.names import NAME, NAME_RULE
 from minions.records import KINDS, check_record
 from services.api.errors import invalid
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
 DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
 MAX_SUBTASK_SIZE = 100_000
 MAX_FIELD_ERRORS = 20

@@ -11,12 +11,12 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.names import NAME
 from minions.records import KINDS
 from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from services.api.auth import Principal, require
 from services.api.bodies import json_object, path_uuid, query_float
 from services.api.errors import ApiError, forbidden, invalid, not_found
-from services.api.validation import NAME
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -118,7 +118,8 @@ async def claim(request: web.Request) -> web.Response:
     if executor["status"] == "offline":
         raise ApiError(409, "deregistered", "this executor deregistered; register again to claim work")
     settings = request.app[SETTINGS]
-    wait = query_float(request, "wait", settings.long_poll_s, 0, settings.long_poll_s)
+    # A longer wait than the server allows is cut to its longest, not refused.
+    wait = min(query_float(request, "wait", settings.long_poll_s, 0, 86400), settings.long_poll_s)
     pool, waiters = request.app[POOL], request.app[WAITERS]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait

@@ -18,7 +18,8 @@ from services.api.auth import Principal, require
 from services.api.bodies import json_object, query_int
 from services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from services.api.representations import task_object
-from services.api.validation import NAME, TaskRequest, validate_task
+from minions.names import NAME
+from services.api.validation import TaskRequest, validate_task
 
 Q = Queries("api")
 log = get_logger(__name__)

@@ -1,0 +1,85 @@
+"""Operator commands: db migrate, token create, psql."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from minions import config
+from minions.cli import connection
+from minions.db.connect import connect
+from minions.db.migrate import migrate
+from minions.db.queries import Queries
+from minions.embedded_pg import bin_path
+from minions.names import is_name
+from minions.tokens import ROLES, hash_token, new_token
+
+Q = Queries("cli")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    db = sub.add_parser("db", help="database operations")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    p = db_sub.add_parser("migrate", help="apply the schema in sql/ (idempotent)")
+    config.add_arguments(p, ("database_url",))
+    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+    p.set_defaults(handler=db_migrate)
+
+    token = sub.add_parser("token", help="API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    p = token_sub.add_parser("create", help="create a token and print it (it is stored only hashed)")
+    config.add_arguments(p, ("database_url",))
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--role", required=True, choices=ROLES)
+    p.add_argument("--team", default=None, help="scope the token to one team")
+    p.add_argument("--label", default="", help="a note saying who or what holds it")
+    p.set_defaults(handler=token_create)
+
+    p = sub.add_parser("psql", help="open psql on the database (of `minions up`, or MINIONS_DATABASE_URL)")
+    config.add_arguments(p, ("database_url",))
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("psql_args", nargs=argparse.REMAINDER, help="arguments passed to psql")
+    p.set_defaults(handler=psql)
+
+
+def database_url(args: argparse.Namespace) -> str:
+    settings = config.from_args(args)
+    url = settings.database_url or connection.read_up_json(
+        None if args.data_dir is None else Path(args.data_dir)).get("database_url", "")
+    if not url:
+        raise SystemExit("minions: no database: pass --database-url, set MINIONS_DATABASE_URL, "
+                         "or run `minions up` here first")
+    return url
+
+
+def db_migrate(args: argparse.Namespace) -> int:
+    applied = asyncio.run(migrate(database_url(args)))
+    print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+async def create_token(url: str, role: str, team: str | None, label: str, token: str | None = None) -> str:
+    token = token or new_token()
+    conn = await connect(url)
+    try:
+        await conn.execute(Q.insert_token, hash_token(token), role, team, label)
+    finally:
+        await conn.close()
+    return token
+
+
+def token_create(args: argparse.Namespace) -> int:
+    if args.team is not None and not is_name(args.team):
+        raise SystemExit(f"minions: {args.team!r} is not a valid team name")
+    print(asyncio.run(create_token(database_url(args), args.role, args.team, args.label)))
+    return 0
+
+
+def psql(args: argparse.Namespace) -> int:
+    url = database_url(args)
+    exe = str(bin_path("psql"))
+    sys.stdout.flush()
+    os.execv(exe, [exe, url, *args.psql_args])

@@ -1,0 +1,88 @@
+"""Runs the services and local agents of `minions up` as child processes: each logs to its own file,
+a child that dies is restarted with backoff, and stop() ends them all (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from minions.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: dict[str, Child] = {}
+        self._stopping = False
+        self._watchers: list[asyncio.Task[None]] = []
+
+    async def start(self, name: str, module: str, args: list[str], env: dict[str, str]) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        child = Child(name, [sys.executable, "-m", module, *args], {**os.environ, **env},
+                      self.log_dir / f"{name}.log")
+        self.children[name] = child
+        await self._spawn(child)
+        self._watchers.append(asyncio.create_task(self._watch(child), name=f"watch-{name}"))
+        return child
+
+    async def _spawn(self, child: Child) -> None:
+        child.log_file = child.log_path.open("ab")
+        child.process = await asyncio.create_subprocess_exec(
+            *child.argv, env=child.env, stdout=child.log_file, stderr=child.log_file,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+
+    async def _watch(self, child: Child) -> None:
+        delay = 1.0
+        while True:
+            assert child.process is not None
+            code = await child.process.wait()
+            if child.log_file:
+                child.log_file.close()
+            if self._stopping:
+                return
+            child.restarts += 1
+            log.warning("child_exited", child=child.name, code=code, restart_in_s=delay, log=str(child.log_path))
+            print(f"minions up: {child.name} exited with {code}; restarting in {delay:.0f}s "
+                  f"(log: {child.log_path})", file=sys.stderr)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            await self._spawn(child)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping = True
+        running = [c for c in self.children.values() if c.process and c.process.returncode is None]
+        for child in running:
+            assert child.process is not None
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGTERM)
+        for child in running:
+            assert child.process is not None
+            try:
+                await asyncio.wait_for(child.process.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                await child.process.wait()
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)

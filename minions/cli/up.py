@@ -1,0 +1,172 @@
+"""`minions up`: everything on one machine with no setup. An embedded PostgreSQL (unless
+MINIONS_DATABASE_URL points elsewhere), a local folder as object store, the API, splitter and
+watchdog, and N local agents. State lives in --data-dir, so a restart keeps queue and results."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from minions import config, jsoncodec
+from minions.cli.admin import create_token
+from minions.cli.supervisor import Supervisor
+from minions.db.migrate import migrate
+from minions.embedded_pg import EmbeddedPostgres
+from minions.logging import configure
+from minions.tokens import new_token
+
+SETTINGS = ("database_url", "store", "port", "host", "admin_token", "heartbeat_interval_s", "lease_timeout_s",
+            "max_attempts", "long_poll_s", "sweep_interval_s")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("up", help="run everything locally: database, store, services, agents")
+    config.add_arguments(p, SETTINGS)
+    p.add_argument("--data-dir", type=Path, default=Path(".minions"),
+                   help="state folder: database, store, logs, up.json (default ./.minions)")
+    p.add_argument("--executors", type=int, default=0, help="local agents to start (default 0)")
+    p.add_argument("--executor-arg", action="append", default=[],
+                   help="extra argument for each local agent (repeatable)")
+    p.add_argument("--sample", action="store_true",
+                   help="submit a sample embedding task, wait for it, print results, then stop")
+    p.add_argument("--sample-records", type=int, default=300)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure("up")
+    settings = config.from_args(args)
+    if args.sample and args.executors < 1:
+        raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
+    return asyncio.run(_up(args, settings))
+
+
+async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
+    data_dir: Path = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pg: EmbeddedPostgres | None = None
+    database_url = settings.database_url
+    if not database_url:
+        print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
+        pg = EmbeddedPostgres(data_dir / "pg")
+        await asyncio.to_thread(pg.start)
+        database_url = pg.url
+    supervisor = Supervisor(data_dir / "logs")
+    try:
+        applied = await migrate(database_url)
+        if applied:
+            print(f"schema: applied {', '.join(applied)}")
+        previous = _read_json(data_dir / "up.json")
+        admin_token = settings.admin_token or previous.get("admin_token") or new_token()
+        await create_token(database_url, "admin", None, "minions up", admin_token)
+        store = settings.store or (data_dir / "store").as_uri()
+        api_url = f"http://{_host(settings.host)}:{settings.port}"
+        env = _service_env(settings, database_url, store, api_url)
+
+        await supervisor.start("api", "services.api", [], env)
+        await supervisor.start("splitter", "services.splitter", [], env)
+        await supervisor.start("watchdog", "services.watchdog", [], env)
+        await _wait_healthy(api_url, supervisor)
+
+        executor_token = await _executor_token(data_dir, database_url)
+        for i in range(args.executors):
+            await supervisor.start(f"agent-{i + 1}", "agents.macos",
+                                   ["--name", f"local-{i + 1}", "--no-policy", *args.executor_arg],
+                                   {**env, "MINIONS_TOKEN": executor_token})
+
+        info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}
+        _write_json(data_dir / "up.json", info)
+        print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
+              f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
+              f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
+              flush=True)
+        if args.sample:
+            from minions.cli.sample_run import run_sample
+
+            return await run_sample(api_url, admin_token, data_dir, args.sample_records)
+        await _until_signal()
+        return 0
+    finally:
+        print("stopping ...", flush=True)
+        await supervisor.stop()
+        if pg is not None:
+            await asyncio.to_thread(pg.stop)
+
+
+def _host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _service_env(settings: config.Settings, database_url: str, store: str, api_url: str) -> dict[str, str]:
+    env = {
+        "MINIONS_DATABASE_URL": database_url,
+        "MINIONS_STORE": store,
+        "MINIONS_API_URL": api_url,
+        "MINIONS_HOST": settings.host,
+        "MINIONS_PORT": str(settings.port),
+        "MINIONS_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "MINIONS_LEASE_TIMEOUT_S": str(settings.lease_timeout_s),
+        "MINIONS_MAX_ATTEMPTS": str(settings.max_attempts),
+        "MINIONS_LONG_POLL_S": str(settings.long_poll_s),
+        "MINIONS_SWEEP_INTERVAL_S": str(settings.sweep_interval_s),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if settings.s3_endpoint_url:
+        env["MINIONS_S3_ENDPOINT_URL"] = settings.s3_endpoint_url
+    return env
+
+
+async def _executor_token(data_dir: Path, database_url: str) -> str:
+    """One executor token per data dir, kept across restarts so local agents keep their rows."""
+    path = data_dir / "executor.token"
+    token = path.read_text().strip() if path.exists() else new_token()
+    await create_token(database_url, "executor", None, "minions up local agents", token)
+    if not path.exists():
+        path.write_text(token)
+        path.chmod(0o600)
+    return token
+
+
+async def _wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(f"{api_url}/api/v1/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise SystemExit(f"minions up: the API did not become healthy; see {supervisor.log_dir / 'api.log'}")
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    value = jsoncodec.loads(path.read_bytes())
+    return value if isinstance(value, dict) else {}
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(jsoncodec.dumps(value))
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+    print(f"wrote {path}", file=sys.stderr)

@@ -1,0 +1,13 @@
+"""Names of teams, projects and tasks (API.md): 1-64 of [A-Za-z0-9._-], starting alphanumeric.
+The schema's `minion_name` domain enforces the same rule."""
+
+from __future__ import annotations
+
+import re
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
+
+
+def is_name(value: object) -> bool:
+    return isinstance(value, str) and NAME.match(value) is not None

@@ -1,0 +1,37 @@
+"""Open the configured object store from its URI (`MINIONS_STORE`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from minions.store.base import ObjectStore
+from minions.store.local import LocalStore
+from minions.store.s3 import S3Store
+
+_HAS_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def open_store(store_uri: str, *, signing_key: str, base_url: str, s3_endpoint_url: str = "") -> ObjectStore:
+    """`s3://bucket[/prefix]` -> S3Store; `file:///abs/path` or a plain path -> LocalStore (the folder
+    is created). `signing_key` and `base_url` sign the local store's URLs; S3 presigns on its own."""
+    if not store_uri:
+        raise ValueError("no object store configured: set MINIONS_STORE to s3://bucket/prefix or file:///path")
+    if store_uri.startswith("s3://"):
+        return S3Store(store_uri, s3_endpoint_url or None)
+    if store_uri.startswith("file://"):
+        parts = urlsplit(store_uri)
+        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment or not parts.path:
+            raise ValueError(f"object store URI must be file:///absolute/path, not {store_uri!r}")
+        root = Path(unquote(parts.path))
+    elif _HAS_SCHEME.match(store_uri):
+        raise ValueError(f"unsupported object store {store_uri!r}: use s3://bucket/prefix or file:///path")
+    else:
+        root = Path(store_uri).expanduser()
+    # One mkdir at start-up, before any event loop work depends on the store: not worth a thread.
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the object store folder {root}: {e}") from e
+    return LocalStore(root, signing_key, base_url)

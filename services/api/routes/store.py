@@ -1,0 +1,135 @@
+"""The local store's signed URLs: GET (with Range) and PUT of objects, for executors.
+
+No bearer token here: the signature in the query is the credential, exactly as with S3 presigned
+URLs, so executors hold no store secret and treat both stores alike. With an S3 store these routes
+answer 404: nothing signs URLs for them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.store import signing
+from minions.store.base import InvalidKey, ObjectNotFound, validate_key
+from minions.store.local import LocalStore
+from services.api.appkeys import STORE
+from services.api.errors import error_response
+
+ROUTE = "/api/v1/store/{key:.+}"
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_UPLOAD_CHUNK = 256 * 1024
+
+
+def add_routes(app: web.Application) -> None:
+    # add_get also answers HEAD (a GET-signed URL may ask for the size alone).
+    app.router.add_get(ROUTE, get_object)
+    app.router.add_put(ROUTE, put_object)
+
+
+def _authorize(request: web.Request, method: str) -> tuple[LocalStore, str] | web.Response:
+    """The store and key of a validly signed request, or the error response to send."""
+    store = request.app[STORE]
+    if not isinstance(store, LocalStore):
+        return error_response(404, "not_found", "this server does not serve store objects")
+    key = request.match_info["key"]
+    try:
+        validate_key(key)
+        signing.check(store.signing_key, method, key, request.query)
+    except InvalidKey:
+        # A key no URL of ours could name: no signature for it exists either.
+        return error_response(403, "bad_signature", "signature does not match")
+    except signing.SignatureError as e:
+        return error_response(403, e.code, str(e))
+    return store, key
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """A single `bytes=a-b`, `bytes=a-` or `bytes=-n` range as half-open [start, end) clamped to
+    `size`; None for no header or one we ignore (malformed, several ranges: RFC 9110 lets a server
+    answer those with the whole object). ValueError when the range is unsatisfiable (416)."""
+    match = _RANGE.fullmatch(header.strip().replace(" ", ""))
+    if match is None:
+        return None
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if size == 0:
+        raise ValueError("the object is empty")  # no byte of it can be selected
+    if not first:  # suffix: the last n bytes
+        count = int(last)
+        if count == 0:
+            raise ValueError("empty suffix range")
+        return max(0, size - count), size
+    start = int(first)
+    end = size if not last else min(int(last) + 1, size)
+    if last and int(last) < start:
+        return None  # invalid, so ignored (RFC 9110 §14.1.1)
+    if start >= size:
+        raise ValueError("range starts past the end")
+    return start, end
+
+
+async def get_object(request: web.Request) -> web.StreamResponse:
+    authorized = _authorize(request, "GET")
+    if isinstance(authorized, web.Response):
+        return authorized
+    store, key = authorized
+    try:
+        obj = await store.open(store.uri_for(key))
+    except ObjectNotFound:
+        return error_response(404, "not_found", f"no object {key}")
+    async with obj:
+        # Size and bytes from one open file: a concurrent PUT of this key cannot make the body
+        # disagree with Content-Length.
+        header = request.headers.get("Range")
+        try:
+            byte_range = parse_range(header, obj.size) if header else None
+        except ValueError:
+            return error_response(416, "range_not_satisfiable",
+                                  f"range {header!r} is outside the object ({obj.size} bytes)",
+                                  headers={"Content-Range": f"bytes */{obj.size}"})
+        response = web.StreamResponse(status=200 if byte_range is None else 206)
+        start, end = (0, obj.size) if byte_range is None else byte_range
+        if byte_range is not None:
+            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{obj.size}"
+        response.headers["Accept-Ranges"] = "bytes"
+        response.content_type = "application/octet-stream"
+        response.content_length = end - start
+        await response.prepare(request)
+        if request.method != "HEAD":
+            async for chunk in obj.chunks(start, end):
+                await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+async def put_object(request: web.Request) -> web.StreamResponse:
+    authorized = _authorize(request, "PUT")
+    if isinstance(authorized, web.Response):
+        return authorized
+    store, key = authorized
+    try:
+        uri, size = await store.put_stream(key, _body(request))
+    except _IncompleteBody as e:
+        return error_response(400, "incomplete_body", str(e))
+    return web.Response(body=jsoncodec.dumps({"uri": uri, "size": size}), content_type="application/json")
+
+
+class _IncompleteBody(Exception):
+    pass
+
+
+async def _body(request: web.Request) -> AsyncIterator[bytes]:
+    """The request body, refusing (so put_stream discards its temp file) one that ends short of its
+    Content-Length: a dropped upload must never be committed as a truncated object."""
+    received = 0
+    async for chunk in request.content.iter_chunked(_UPLOAD_CHUNK):
+        received += len(chunk)
+        yield chunk
+    expected = request.content_length
+    if expected is not None and received != expected:
+        raise _IncompleteBody(f"body ended after {received} of {expected} bytes")

@@ -1,0 +1,202 @@
+"""The HTTP API against a real database: every error status of API.md with its JSON body, long-poll
+claims woken by NOTIFY, fenced leases, idempotent submission."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from minions.db.connect import connect
+from minions.embedded_pg import EmbeddedPostgres
+from minions.db.migrate import migrate
+from tests.support.api import ApiHarness, running_api
+from tests.support.factories import make_task, make_token
+
+SLEEP_TASK = {"team": "search", "project": "ranker", "name": "t1", "kind": "sleep",
+              "input": {"records": [{"id": "a", "ms": 1}, {"id": "b", "ms": 1}]}}
+
+
+@pytest.fixture
+async def api(database_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with running_api(database_url, tmp_path / "store") as harness:
+        yield harness
+
+
+async def test_health_needs_no_token(api: ApiHarness) -> None:
+    reply = await api.call("GET", "/api/v1/health", token=None)
+    assert (reply.status, reply.body) == (200, {"status": "ok", "database": "ok"})
+
+
+async def test_401_without_or_with_unknown_token(api: ApiHarness) -> None:
+    for token in (None, "not-a-token"):
+        reply = await api.call("GET", "/api/v1/tasks", token=token)
+        assert reply.status == 401 and reply.error["code"] == "unauthorized"
+
+
+async def test_400_malformed_json(api: ApiHarness) -> None:
+    reply = await api.call("POST", "/api/v1/tasks", data=b"{not json", headers={"Content-Type": "application/json"})
+    assert reply.status == 400 and reply.error["code"] == "malformed_json"
+    reply = await api.call("POST", "/api/v1/tasks", json=[1, 2])
+    assert reply.status == 400 and reply.error["code"] == "malformed_body"
+
+
+async def test_422_lists_every_invalid_field(api: ApiHarness) -> None:
+    reply = await api.call("POST", "/api/v1/tasks", json={
+        "team": "bad team!", "project": "p", "name": "n", "kind": "teleport", "subtask_size": 0,
+        "input": {"records": []}, "params": [], "colour": "red"})
+    assert reply.status == 422
+    fields = reply.error["fields"]
+    assert {"team", "kind", "model", "subtask_size", "input.records", "params", "colour"} <= set(fields)
+
+    reply = await api.call("POST", "/api/v1/tasks", json={
+        **SLEEP_TASK, "input": {"records": [{"id": "a", "ms": 1}, {"id": "a", "ms": 2}, {"ms": 3}]},
+        "params": {"normalize": True}})
+    assert reply.status == 422
+    fields = reply.error["fields"]
+    assert "duplicate" in fields["input.records[1]"]
+    assert "id" in fields["input.records[2]"]
+    assert "params.normalize" in fields
+
+
+async def test_403_wrong_role_and_wrong_team(api: ApiHarness, database_url: str) -> None:
+    reply = await api.call("POST", "/api/v1/tasks", token="executor", json=SLEEP_TASK)
+    assert reply.status == 403 and reply.error["code"] == "wrong_role"
+    reply = await api.call("POST", "/api/v1/executors/register", token="admin", json={"name": "x", "kinds": ["sleep"]})
+    assert reply.status == 201  # admin may do everything
+    conn = await connect(database_url)
+    other, _ = await make_token(conn, "user", team="ads")
+    await conn.close()
+    reply = await api.call("POST", "/api/v1/tasks", token=other, json=SLEEP_TASK)
+    assert reply.status == 403 and reply.error["code"] == "wrong_team"
+
+
+async def test_404s_are_json(api: ApiHarness, database_url: str) -> None:
+    reply = await api.call("GET", "/api/v1/tasks/a/b/c")
+    assert reply.status == 404 and reply.error["code"] == "not_found"
+    reply = await api.call("GET", "/api/v1/nothing-here")
+    assert reply.status == 404 and reply.error["code"] == "not_found"
+    reply = await api.call("POST", "/api/v1/executors/not-a-uuid/claim", token="executor")
+    assert reply.status == 404
+    # A team-scoped user sees other teams' tasks as absent.
+    assert (await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)).status == 201
+    conn = await connect(database_url)
+    other, _ = await make_token(conn, "user", team="ads")
+    await conn.close()
+    reply = await api.call("GET", "/api/v1/tasks/search/ranker/t1", token=other)
+    assert reply.status == 404
+    assert (await api.call("GET", "/api/v1/tasks", token=other)).body["tasks"] == []
+
+
+async def test_submission_is_idempotent_and_conflicts_on_a_different_body(api: ApiHarness) -> None:
+    first = await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
+    assert first.status == 201 and first.body["status"] == "submitted"
+    again = await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
+    assert again.status == 200 and again.body["created_at"] == first.body["created_at"]
+    different = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "priority": 3})
+    assert different.status == 409 and different.error["code"] == "task_exists"
+
+
+async def test_409_results_before_the_end_and_413_too_large(api: ApiHarness) -> None:
+    await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
+    reply = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results")
+    assert reply.status == 409 and reply.error["code"] == "not_finished"
+    partial = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results?partial=true")
+    assert partial.status == 200 and partial.body == b""
+    huge = b'{"team": "' + b"x" * (65 * 1024 * 1024) + b'"}'
+    reply = await api.call("POST", "/api/v1/tasks", data=huge, headers={"Content-Type": "application/json"})
+    assert reply.status == 413 and reply.error["code"] == "too_large"
+
+
+async def test_long_poll_is_woken_by_notify_and_times_out_with_204(api: ApiHarness, database_url: str,
+                                                                  tmp_path: Path) -> None:
+    executor_id = await api.register()
+    started = time.monotonic()
+    reply = await api.call("POST", f"/api/v1/executors/{executor_id}/claim?wait=1", token="executor")
+    assert reply.status == 204 and 0.9 <= time.monotonic() - started < 3
+
+    claim = asyncio.create_task(api.call("POST", f"/api/v1/executors/{executor_id}/claim?wait=30",
+                                         token="executor"))
+    await asyncio.sleep(1.0)
+    assert not claim.done()
+    conn = await connect(database_url)
+    created = time.monotonic()
+    await make_task(conn, subtasks=1, input_uri=(tmp_path / "store" / "inputs" / "x.jsonl").as_uri())
+    await conn.close()
+    reply = await asyncio.wait_for(claim, 5)
+    assert reply.status == 200
+    assert time.monotonic() - created < 1.0, "the claim waited for its timeout instead of the NOTIFY"
+    lease = reply.body
+    assert lease["subtask"]["input"]["range"] == [0, 100] and lease["lease"]["token"]
+
+
+async def test_stale_lease_gets_409_and_its_output_never_appears(api: ApiHarness, tmp_path: Path) -> None:
+    assert (await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "subtask_size": 2})).status == 201
+    conn = await connect(api.settings.database_url)
+    # Split inline (the splitter service is tested on its own): one subtask covering both records.
+    task_id = await conn.fetchval("SELECT id FROM tasks")
+    await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+    uri = await conn.fetchval("SELECT input_uri FROM tasks WHERE id = $1", task_id)
+    length = Path(uri.removeprefix("file://")).stat().st_size
+    await conn.fetchval("SELECT minion_add_subtasks($1, '{0}', $2, '{0}', '{2}', 0, $3, 2)", task_id, [length],
+                        length)
+    await conn.execute("SELECT minion_finish_split($1)", task_id)
+    await conn.close()
+
+    slow = await api.register("slow")
+    fast = await api.register("fast")
+    first = (await api.call("POST", f"/api/v1/executors/{slow}/claim?wait=0", token="executor")).body
+    async with api.session.put(first["subtask"]["output"]["url"],
+                               data=b'{"id": "a", "slept_ms": 999}\n{"id": "b", "slept_ms": 999}\n') as resp:
+        assert resp.status == 200
+    # The slow executor hands it back; the fast one does it.
+    assert (await api.call("POST", f"/api/v1/leases/{first['lease']['token']}/release", token="executor")).status == 200
+    second = (await api.call("POST", f"/api/v1/executors/{fast}/claim?wait=0", token="executor")).body
+    async with api.session.get(second["subtask"]["input"]["url"],
+                               headers={"Range": f"bytes=0-{second['subtask']['input']['range'][1] - 1}"}) as resp:
+        lines = (await resp.read()).splitlines()
+    assert len(lines) == 2
+    complete = await api.call("POST", f"/api/v1/leases/{second['lease']['token']}/complete", token="executor",
+                              json={"records": 2, "seconds": 0.1})
+    assert complete.status == 409 and complete.error["code"] == "output_missing"
+    async with api.session.put(second["subtask"]["output"]["url"],
+                               data=b'{"id": "a", "slept_ms": 1}\n{"id": "b", "slept_ms": 1}\n') as resp:
+        assert resp.status == 200
+    complete = await api.call("POST", f"/api/v1/leases/{second['lease']['token']}/complete", token="executor",
+                              json={"records": 2, "seconds": 0.1})
+    assert complete.status == 200
+    stale = await api.call("POST", f"/api/v1/leases/{first['lease']['token']}/complete", token="executor",
+                           json={"records": 2, "seconds": 0.1})
+    assert stale.status == 409 and stale.error["code"] == "lease_lost"
+    heartbeat = await api.call("POST", f"/api/v1/executors/{slow}/heartbeat", token="executor",
+                               json={"leases": [first["lease"]["token"], "garbage"]})
+    assert heartbeat.body == {"leases": {first["lease"]["token"]: "lost", "garbage": "lost"}}
+
+    task = (await api.call("GET", "/api/v1/tasks/search/ranker/t1")).body
+    assert task["status"] == "completed" and task["records"] == {"total": 2, "done": 2}
+    results = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results")
+    assert results.body == b'{"id": "a", "slept_ms": 1}\n{"id": "b", "slept_ms": 1}\n'
+
+
+async def test_503_with_retry_after_while_the_database_is_down(tmp_path: Path) -> None:
+    pg = EmbeddedPostgres(tmp_path / "pg", fast=True)
+    pg.start()
+    try:
+        await migrate(pg.url)
+        async with running_api(pg.url, tmp_path / "store") as api:
+            assert (await api.call("GET", "/api/v1/health", token=None)).status == 200
+            await asyncio.to_thread(pg.stop, "immediate")
+            for path in ("/api/v1/health", "/api/v1/tasks"):
+                reply = await api.call("GET", path, token=None if "health" in path else "admin")
+                assert reply.status == 503 and reply.headers.get("Retry-After"), (path, reply)
+                assert reply.error["code"] == "database_unavailable"
+            await asyncio.to_thread(pg.start)
+            for _ in range(50):
+                if (await api.call("GET", "/api/v1/health", token=None)).status == 200:
+                    break
+                await asyncio.sleep(0.2)
+            assert (await api.call("GET", "/api/v1/tasks")).status == 200
+    finally:
+        pg.stop("immediate")
