@@ -90,8 +90,13 @@ END $$;
 -- A malformed input fails the task and leaves no subtasks behind (any already leased become stale:
 -- their tokens vanish with them, so a late complete gets 409).
 CREATE FUNCTION minion_fail_split(p_task_id bigint, p_error text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    holders uuid[];
 BEGIN
+    SELECT array_agg(DISTINCT lease_executor) INTO holders
+      FROM subtasks WHERE task_id = p_task_id AND state = 'leased';
     DELETE FROM subtasks WHERE task_id = p_task_id;
+    PERFORM minion_touch_heartbeat(h, false) FROM unnest(holders) AS h;
     UPDATE tasks
        SET status = 'failed', error = p_error, finished_at = now(), split_done = true, open_subtasks = 0
      WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');

@@ -1,0 +1,116 @@
+"""End to end with the services as real processes and executors that speak HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from minions import jsoncodec
+from minions.db.connect import connect
+from minions.sdk import MinionsClient
+from tests.support.factories import make_token
+from tests.support.processes import Services
+from tests.support.sleep_executor import SleepExecutor
+
+
+@pytest.fixture
+async def services(database_url: str, tmp_path: Path) -> AsyncIterator[Services]:
+    svc = Services(database_url, tmp_path / "services")
+    try:
+        yield svc
+    finally:
+        svc.stop_all()
+
+
+async def _tokens(database_url: str) -> tuple[str, str]:
+    conn = await connect(database_url)
+    admin, _ = await make_token(conn, "admin")
+    executor, _ = await make_token(conn, "executor")
+    await conn.close()
+    return admin, executor
+
+
+async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        task = await client.task("search", "ranker", name)
+        if task["status"] in statuses:
+            return task
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"task {name} never reached {statuses}: {task}")
+
+
+async def _results(client: MinionsClient, name: str) -> list[dict]:
+    body = b"".join([chunk async for chunk in client.results("search", "ranker", name)])
+    return [jsoncodec.loads(line) for line in body.splitlines()]
+
+
+async def test_2000_records_four_executors_every_record_once_in_order(services: Services) -> None:
+    await services.start_all()
+    admin, executor_token = await _tokens(services.database_url)
+    records = [{"id": f"r{i:04d}", "ms": 1} for i in range(2000)]
+    executors = [SleepExecutor(services.api_url, executor_token, f"test-{i}") for i in range(4)]
+    stop = asyncio.Event()
+    runners = [asyncio.create_task(e.run(stop)) for e in executors]
+    try:
+        async with MinionsClient(services.api_url, admin) as client:
+            await client.submit({"team": "search", "project": "ranker", "name": "e2e", "kind": "sleep",
+                                 "input": {"records": records}, "subtask_size": 25})
+            task = await _wait_status(client, "e2e", ("completed", "failed", "cancelled"), timeout=120)
+            assert task["status"] == "completed", (task, services.logs())
+            assert task["subtasks"]["total"] == 80 and task["records"] == {"total": 2000, "done": 2000}
+            results = await _results(client, "e2e")
+    finally:
+        stop.set()
+        await asyncio.gather(*runners, return_exceptions=True)
+    assert [r["id"] for r in results] == [r["id"] for r in records]
+    assert all(r["slept_ms"] == 1 for r in results)
+    assert sum(len(e.completed) for e in executors) == 80
+    assert sum(1 for e in executors if e.completed) >= 2, "work was not shared among the executors"
+
+
+async def test_splitter_catches_up_on_tasks_submitted_while_it_was_down(services: Services) -> None:
+    services.workdir.mkdir(parents=True, exist_ok=True)
+    services.start("api")
+    services.start("watchdog")
+    await services.wait_healthy()
+    admin, _ = await _tokens(services.database_url)
+    async with MinionsClient(services.api_url, admin) as client:
+        await client.submit({"team": "search", "project": "ranker", "name": "early", "kind": "sleep",
+                             "input": {"records": [{"id": i, "ms": 1} for i in range(10)]}, "subtask_size": 3})
+        await asyncio.sleep(1)
+        assert (await client.task("search", "ranker", "early"))["status"] == "submitted"
+        services.start("splitter")
+        task = await _wait_status(client, "early", ("queued",), timeout=30)
+        assert task["subtasks"]["total"] == 4 and task["records"]["total"] == 10
+
+
+async def test_silent_executor_loses_its_lease_and_another_finishes(services: Services) -> None:
+    await services.start_all()
+    admin, executor_token = await _tokens(services.database_url)
+    hung = SleepExecutor(services.api_url, executor_token, "hung", hang_after_claim=True)
+    healthy = SleepExecutor(services.api_url, executor_token, "healthy")
+    stop = asyncio.Event()
+    async with MinionsClient(services.api_url, admin) as client:
+        await client.submit({"team": "search", "project": "ranker", "name": "reclaim", "kind": "sleep",
+                             "input": {"records": [{"id": "only", "ms": 1}]}})
+        await _wait_status(client, "reclaim", ("queued",))
+        hung_run = asyncio.create_task(hung.run(stop))
+        await _wait_status(client, "reclaim", ("running",))
+        claimed_at = time.monotonic()
+        healthy_run = asyncio.create_task(healthy.run(stop))
+        task = await _wait_status(client, "reclaim", ("completed",), timeout=30)
+        waited = time.monotonic() - claimed_at
+        assert waited >= services.lease_timeout_s - 0.5, "reclaimed before the lease timeout"
+        assert healthy.completed == [("reclaim", 0)]
+        assert task["subtasks"]["done"] == 1
+        executors = {e["name"]: e for e in await client.executors()}
+        assert executors["hung"]["status"] == "lost"
+        assert await _results(client, "reclaim") == [{"id": "only", "slept_ms": 1}]
+    stop.set()
+    hung_run.cancel()
+    await asyncio.gather(hung_run, healthy_run, return_exceptions=True)

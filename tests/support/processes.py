@@ -1,0 +1,126 @@
+"""The services as real processes (`python -m services.api` ...), as production runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from minions.embedded_pg import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Service:
+    name: str
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args], env=self.env, cwd=REPO,
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        return self
+
+    def kill(self) -> None:
+        """kill -9: no goodbye, no cleanup."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self, timeout: float = 15) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Services:
+    """API, splitter and watchdog against one database and one local store."""
+
+    database_url: str
+    workdir: Path
+    heartbeat_interval_s: float = 1.0
+    lease_timeout_s: float = 3.0
+    max_attempts: int = 3
+    long_poll_s: float = 5.0
+    port: int = field(default_factory=free_port)
+    running: dict[str, Service] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def store_root(self) -> Path:
+        return self.workdir / "store"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "MINIONS_DATABASE_URL": self.database_url,
+            "MINIONS_STORE": self.store_root.as_uri(),
+            "MINIONS_PORT": str(self.port),
+            "MINIONS_HOST": "127.0.0.1",
+            "MINIONS_API_URL": self.api_url,
+            "MINIONS_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "MINIONS_LEASE_TIMEOUT_S": str(self.lease_timeout_s),
+            "MINIONS_MAX_ATTEMPTS": str(self.max_attempts),
+            "MINIONS_LONG_POLL_S": str(self.long_poll_s),
+            "MINIONS_SWEEP_INTERVAL_S": "1",
+            "MINIONS_LOG_LEVEL": "info",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start(self, name: str) -> Service:
+        module = {"api": "services.api", "splitter": "services.splitter", "watchdog": "services.watchdog"}[name]
+        service = Service(name, module, self.env(), self.workdir / f"{name}.log").start()
+        self.running[name] = service
+        return service
+
+    async def start_all(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name in ("api", "splitter", "watchdog"):
+            self.start(name)
+        await self.wait_healthy()
+
+    async def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.get(f"{self.api_url}/api/v1/health") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"API never became healthy:\n{self.running['api'].log()[-3000:]}")
+
+    def stop_all(self) -> None:
+        for service in self.running.values():
+            try:
+                service.terminate(10)
+            except subprocess.TimeoutExpired:
+                service.kill()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n} ---\n{s.log()[-4000:]}" for n, s in self.running.items())

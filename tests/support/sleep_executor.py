@@ -1,0 +1,90 @@
+"""A test executor that speaks the executor protocol over HTTP and runs the `sleep` kind.
+
+Not a stand-in for the agent (agents/macos is tested end to end on its own): a small, independent
+client of API.md, so the control plane's tests do not depend on the agent's code."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import yarl
+
+from minions import jsoncodec
+
+
+@dataclass
+class SleepExecutor:
+    api_url: str
+    token: str
+    name: str
+    executor_id: str = ""
+    heartbeat_interval_s: float = 1.0
+    completed: list[tuple[str, int]] = field(default_factory=list)
+    refused: int = 0
+    hang_after_claim: bool = False  # drills: keeps the socket, stops heartbeating
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def register(self, session: aiohttp.ClientSession, **extra: Any) -> None:
+        body = {"name": self.name, "hardware": {"os": "test", "device": "cpu"}, "kinds": ["sleep"], **extra}
+        async with session.post(f"{self.api_url}/api/v1/executors/register", json=body,
+                                headers=self._headers()) as resp:
+            assert resp.status == 201, await resp.text()
+            reply = await resp.json()
+        self.executor_id = reply["executor_id"]
+        self.heartbeat_interval_s = reply["heartbeat_interval_s"]
+
+    async def run(self, stop: asyncio.Event, wait_s: float = 2) -> None:
+        async with aiohttp.ClientSession() as session:
+            if not self.executor_id:
+                await self.register(session)
+            while not stop.is_set():
+                async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/claim",
+                                        params={"wait": str(wait_s)}, headers=self._headers()) as resp:
+                    if resp.status == 204:
+                        continue
+                    assert resp.status == 200, await resp.text()
+                    lease = await resp.json()
+                await self.work(session, lease)
+
+    async def work(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
+        token, sub = lease["lease"]["token"], lease["subtask"]
+        start, end = sub["input"]["range"]
+        async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
+                               headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
+            assert resp.status in (200, 206)
+            lines = [line for line in (await resp.read()).splitlines() if line.strip()]
+        records = [jsoncodec.loads(line) for line in lines]
+        assert len(records) == sub["input"]["records"]
+        if self.hang_after_claim:
+            await asyncio.sleep(3600)
+        beat = asyncio.create_task(self._heartbeat(session, token))
+        started = time.monotonic()
+        try:
+            out = []
+            for record in records:
+                await asyncio.sleep(record["ms"] / 1000)
+                out.append(jsoncodec.dumps_line({"id": record["id"], "slept_ms": record["ms"]}))
+        finally:
+            beat.cancel()
+        async with session.put(yarl.URL(sub["output"]["url"], encoded=True), data=b"".join(out)) as resp:
+            assert resp.status == 200
+        async with session.post(f"{self.api_url}/api/v1/leases/{token}/complete", headers=self._headers(),
+                                json={"records": len(records), "seconds": time.monotonic() - started}) as resp:
+            if resp.status == 409:
+                self.refused += 1
+                return
+            assert resp.status == 200, await resp.text()
+        self.completed.append((sub["task_name"], sub["subtask_id"]))
+
+    async def _heartbeat(self, session: aiohttp.ClientSession, token: str) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/heartbeat",
+                                    json={"leases": [token]}, headers=self._headers()) as resp:
+                await resp.read()
