@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from minions.db.connect import connect
-from minions.embedded_pg import EmbeddedPostgres
 from minions.db.migrate import migrate
+from minions.embedded_pg import EmbeddedPostgres
 from tests.support.api import ApiHarness, running_api
 from tests.support.factories import make_task, make_token
 
@@ -139,7 +139,7 @@ async def test_stale_lease_gets_409_and_its_output_never_appears(api: ApiHarness
     task_id = await conn.fetchval("SELECT id FROM tasks")
     await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
     uri = await conn.fetchval("SELECT input_uri FROM tasks WHERE id = $1", task_id)
-    length = Path(uri.removeprefix("file://")).stat().st_size
+    length = (await asyncio.to_thread(Path(uri.removeprefix("file://")).stat)).st_size
     await conn.fetchval("SELECT minion_add_subtasks($1, '{0}', $2, '{0}', '{2}', 0, $3, 2)", task_id, [length],
                         length)
     await conn.execute("SELECT minion_finish_split($1)", task_id)

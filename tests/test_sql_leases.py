@@ -155,7 +155,7 @@ async def test_cancel_answers_cancelled_to_holders(database_url: str) -> None:
 
 
 async def test_claim_uses_the_pending_index(database_url: str) -> None:
-    conn, token_id = await _setup(database_url)
+    conn, _ = await _setup(database_url)
     for _ in range(3):
         await make_task(conn, subtasks=2000)
     await conn.execute("ANALYZE subtasks")

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
     data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before anything runs)
     pg: EmbeddedPostgres | None = None
     database_url = settings.database_url
     if not database_url:

@@ -40,6 +40,10 @@ class Waiter:
         return True
 
 
+def _setter(event: asyncio.Event) -> Any:
+    return lambda _conn: event.set()
+
+
 class ClaimWaiters:
     def __init__(self, database_url: str) -> None:
         self._url = database_url
@@ -93,7 +97,7 @@ class ClaimWaiters:
             lost = asyncio.Event()
             try:
                 conn = await connect(self._url)
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(CHANNEL, self._on_notify)
                 self._conn = conn
                 self.connected.set()

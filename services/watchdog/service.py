@@ -60,7 +60,12 @@ class Watchdog:
 
     async def _serve(self, conn: asyncpg.Connection) -> None:
         lost = asyncio.Event()
-        conn.add_termination_listener(lambda _c: (lost.set(), self._wake.set()))
+
+        def on_lost(_conn: object) -> None:
+            lost.set()
+            self._wake.set()
+
+        conn.add_termination_listener(on_lost)
         await conn.add_listener(CHANNEL, self._on_heartbeat)
         log.info("listening", channel=CHANNEL, lease_timeout_s=self.settings.lease_timeout_s)
         await self._sweep(conn)

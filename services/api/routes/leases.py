@@ -49,11 +49,11 @@ def _verdict(verdict: str) -> None:
 
 
 def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) -> Any:
-    value = body.get(key)
+    value: Any = body.get(key)
     if value is None and not required:
         return None
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+    if (isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int))
+            or value < 0):
         raise invalid({key: f"required: a non-negative {'integer' if integer else 'number'}"})
     return value
 

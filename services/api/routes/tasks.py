@@ -11,6 +11,7 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.names import NAME
 from minions.records import parse_line
 from minions.store.base import ObjectNotFound, ObjectStore
 from services.api.appkeys import POOL, SETTINGS, STORE
@@ -18,7 +19,6 @@ from services.api.auth import Principal, require
 from services.api.bodies import json_object, query_int
 from services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from services.api.representations import task_object
-from minions.names import NAME
 from services.api.validation import TaskRequest, validate_task
 
 Q = Queries("api")

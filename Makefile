@@ -1,0 +1,42 @@
+# The two commands: `make run` (install, then the sample job on the embedded default) and
+# `make test` (install, lint, then the whole suite against a real PostgreSQL).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= .minions
+
+.PHONY: install run up test lint chaos bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: the local CPU build. A bare `torch` requirement could pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[agent,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/minions up --data-dir $(DATA_DIR) --port $${MINIONS_PORT:-8080} --executors 1 --sample
+
+up: install
+	$(VENV)/bin/minions up --data-dir $(DATA_DIR) --executors 1
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install lint
+	$(PY) -m pytest -q
+
+chaos: install
+	MINIONS_CHAOS=long $(PY) -m pytest -q tests/chaos
+
+bench: install
+	$(PY) bench/claim.py
+	$(PY) bench/embed_agent.py
+
+clean:
+	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache
