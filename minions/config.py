@@ -44,6 +44,9 @@ class Settings:
     port: int = field(default=8080, metadata={"env": "MINIONS_PORT", "help": "API port"})
     public_url: str = field(default="", metadata={"env": "MINIONS_PUBLIC_URL",
                                                   "help": "API URL as executors reach it (signed store URLs)"})
+    straggler_factor: float = field(default=4.0, metadata={"env": "MINIONS_STRAGGLER_FACTOR",
+                                                           "help": "back up a lease running this many times the "
+                                                                   "median (0: never)"})
     sweep_interval_s: float = field(default=10.0, metadata={"env": "MINIONS_SWEEP_INTERVAL_S",
                                                             "help": "watchdog/splitter safety-net sweep period"})
 
@@ -52,6 +55,8 @@ class Settings:
         for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
+        if self.straggler_factor < 0:
+            problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
         if self.max_attempts < 1:
             problems.append("MINIONS_MAX_ATTEMPTS must be >= 1")
         if self.lease_timeout_s <= self.heartbeat_interval_s:

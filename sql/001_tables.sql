@@ -138,6 +138,21 @@ CREATE TABLE minion_subtask_acquirement (
     FOREIGN KEY (task_id, subtask_id) REFERENCES subtasks (task_id, subtask_id) ON DELETE CASCADE
 );
 
+-- Straggler backup: near the end of a task an idle executor may run a copy of a lease that has run
+-- far longer than its peers. At most one backup per subtask (the primary key is the referee); the
+-- first of the two to complete wins and the other's token goes stale (invariant 2 makes this safe).
+CREATE TABLE subtask_backups (
+    task_id      bigint NOT NULL,
+    subtask_id   integer NOT NULL,
+    lease_token  uuid NOT NULL UNIQUE,
+    executor_id  uuid NOT NULL REFERENCES executors (id),
+    leased_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, subtask_id),
+    FOREIGN KEY (task_id, subtask_id) REFERENCES subtasks (task_id, subtask_id) ON DELETE CASCADE
+);
+CREATE INDEX subtask_backups_executor ON subtask_backups (executor_id);
+CREATE INDEX subtasks_leased_at ON subtasks (leased_at) WHERE state = 'leased';
+
 -- Attempt history: why every retry happened.
 CREATE TABLE subtask_attempts (
     task_id      bigint NOT NULL,
@@ -147,7 +162,8 @@ CREATE TABLE subtask_attempts (
     lease_token  uuid NOT NULL,
     started_at   timestamptz NOT NULL,
     ended_at     timestamptz NOT NULL DEFAULT now(),
-    outcome      text NOT NULL CHECK (outcome IN ('done', 'failed', 'lost', 'released', 'cancelled')),
+    -- superseded: a straggler and its backup both ran; the other one committed first.
+    outcome      text NOT NULL CHECK (outcome IN ('done', 'failed', 'lost', 'released', 'cancelled', 'superseded')),
     error        text,
     records      integer,
     seconds      double precision,

@@ -93,8 +93,9 @@ CREATE FUNCTION minion_fail_split(p_task_id bigint, p_error text) RETURNS void L
 DECLARE
     holders uuid[];
 BEGIN
-    SELECT array_agg(DISTINCT lease_executor) INTO holders
-      FROM subtasks WHERE task_id = p_task_id AND state = 'leased';
+    SELECT array_agg(DISTINCT e) INTO holders FROM (
+        SELECT lease_executor AS e FROM subtasks WHERE task_id = p_task_id AND state = 'leased'
+        UNION SELECT executor_id FROM subtask_backups WHERE task_id = p_task_id) x;
     DELETE FROM subtasks WHERE task_id = p_task_id;
     PERFORM minion_touch_heartbeat(h, false) FROM unnest(holders) AS h;
     UPDATE tasks
@@ -117,8 +118,16 @@ BEGIN
                                   outcome, error)
     SELECT task_id, subtask_id, attempts, lease_executor, lease_token, leased_at, 'cancelled', 'task cancelled'
       FROM subtasks WHERE task_id = p_task_id AND state = 'leased';
-    SELECT array_agg(DISTINCT lease_executor) INTO holders
-      FROM subtasks WHERE task_id = p_task_id AND state = 'leased';
+    INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
+                                  outcome, error)
+    SELECT b.task_id, b.subtask_id, s.attempts, b.executor_id, b.lease_token, b.leased_at, 'cancelled',
+           'task cancelled'
+      FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
+     WHERE b.task_id = p_task_id;
+    SELECT array_agg(DISTINCT e) INTO holders FROM (
+        SELECT lease_executor AS e FROM subtasks WHERE task_id = p_task_id AND state = 'leased'
+        UNION SELECT executor_id FROM subtask_backups WHERE task_id = p_task_id) x;
+    DELETE FROM subtask_backups WHERE task_id = p_task_id;
     DELETE FROM minion_subtask_acquirement WHERE task_id = p_task_id;
     UPDATE subtasks SET state = 'cancelled', lease_executor = NULL
      WHERE task_id = p_task_id AND state IN ('pending', 'leased');

@@ -7,7 +7,8 @@
 CREATE FUNCTION minion_touch_heartbeat(p_executor uuid, p_beat boolean) RETURNS void LANGUAGE sql AS $$
     INSERT INTO heartbeats AS h (executor_id, beat_at, leases)
     VALUES (p_executor, now(),
-            (SELECT count(*) FROM subtasks WHERE lease_executor = p_executor AND state = 'leased'))
+            (SELECT count(*) FROM subtasks WHERE lease_executor = p_executor AND state = 'leased')
+            + (SELECT count(*) FROM subtask_backups WHERE executor_id = p_executor))
     ON CONFLICT (executor_id) DO UPDATE
         SET beat_at = CASE WHEN p_beat THEN now() ELSE h.beat_at END,
             leases = excluded.leases
@@ -83,19 +84,67 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- A backup of a straggler: a lease of a task with nothing left pending that has run longer than
+-- p_factor times the median of the task's finished attempts (at least three of them). The oldest
+-- such lease first. Returns the backup's token, or NULL.
+CREATE FUNCTION minion_claim_backup(p_executor uuid, p_caps text[], p_team text, p_factor double precision)
+RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    cand record;
+    tok uuid;
+BEGIN
+    FOR cand IN
+        SELECT s.task_id, s.subtask_id FROM subtasks s
+         WHERE s.state = 'leased' AND s.capability = ANY (p_caps)
+           AND (p_team IS NULL OR s.team = p_team)
+           AND s.lease_executor <> p_executor
+           AND NOT EXISTS (SELECT 1 FROM subtask_backups b
+                            WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id)
+           AND NOT EXISTS (SELECT 1 FROM subtasks p
+                            WHERE p.state = 'pending' AND p.capability = s.capability
+                              AND p.priority = s.priority AND p.task_id = s.task_id)
+           AND now() - s.leased_at > p_factor * (
+                   SELECT make_interval(secs => percentile_cont(0.5) WITHIN GROUP (
+                              ORDER BY extract(epoch FROM a.ended_at - a.started_at)))
+                     FROM subtask_attempts a
+                    WHERE a.task_id = s.task_id AND a.outcome = 'done'
+                   HAVING count(*) >= 3)
+         ORDER BY s.leased_at
+         LIMIT 4
+    LOOP
+        -- Lock the subtask so a completion racing with us either finishes first (we skip it) or
+        -- sees our backup row.
+        PERFORM 1 FROM subtasks
+          WHERE task_id = cand.task_id AND subtask_id = cand.subtask_id AND state = 'leased'
+          FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tok := gen_random_uuid();
+        INSERT INTO subtask_backups (task_id, subtask_id, lease_token, executor_id)
+        VALUES (cand.task_id, cand.subtask_id, tok, p_executor)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN tok;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
 -- The claim: the executor's preferences first, in order, then its whole queue (its token's team,
--- or every team), and only the kind:model pairs it advertised. Returns no row when nothing fits.
-CREATE FUNCTION minion_claim(p_executor uuid, p_lease_timeout_s double precision)
+-- or every team), and only the kind:model pairs it advertised; with nothing pending and
+-- p_backup_factor > 0, a backup of a straggler. Returns no row when nothing fits.
+CREATE FUNCTION minion_claim(p_executor uuid, p_lease_timeout_s double precision,
+                             p_backup_factor double precision DEFAULT 0)
 RETURNS TABLE (lease_token uuid, expires_at timestamptz, task_id bigint, subtask_id integer,
                attempt integer, team text, project text, task_name text, kind text, model text,
                params jsonb, input_uri text, byte_start bigint, byte_end bigint, records integer,
-               output_key text)
+               output_key text, backup boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     ex executors%ROWTYPE;
     pref record;
     tok uuid;
+    is_backup boolean := false;
     won subtasks%ROWTYPE;
 BEGIN
     SELECT * INTO ex FROM executors WHERE id = p_executor;
@@ -111,13 +160,22 @@ BEGIN
     IF tok IS NULL THEN
         tok := minion_claim_in(p_executor, ex.capabilities, ex.team, NULL, NULL);
     END IF;
+    IF tok IS NULL AND p_backup_factor > 0 THEN
+        tok := minion_claim_backup(p_executor, ex.capabilities, ex.team, p_backup_factor);
+        is_backup := tok IS NOT NULL;
+    END IF;
     IF tok IS NULL THEN
         RETURN;
     END IF;
 
-    SELECT * INTO won FROM subtasks s WHERE s.lease_token = tok;
-    UPDATE tasks SET status = 'running', started_at = coalesce(started_at, now())
-     WHERE id = won.task_id AND status IN ('splitting', 'queued');
+    IF is_backup THEN
+        SELECT s.* INTO won FROM subtasks s JOIN subtask_backups b USING (task_id, subtask_id)
+         WHERE b.lease_token = tok;
+    ELSE
+        SELECT * INTO won FROM subtasks s WHERE s.lease_token = tok;
+        UPDATE tasks SET status = 'running', started_at = coalesce(started_at, now())
+         WHERE id = won.task_id AND status IN ('splitting', 'queued');
+    END IF;
     UPDATE executors SET status = 'online' WHERE id = p_executor AND status <> 'online';
     PERFORM minion_touch_heartbeat(p_executor, true);
 
@@ -125,11 +183,12 @@ BEGIN
     SELECT tok, now() + make_interval(secs => p_lease_timeout_s), won.task_id, won.subtask_id,
            won.attempts, won.team::text, won.project::text, won.task_name::text, t.kind, t.model,
            t.params, t.input_uri, won.byte_start, won.byte_end, won.records,
-           minion_output_key(won.task_id, won.subtask_id, won.attempts, tok)
+           minion_output_key(won.task_id, won.subtask_id, won.attempts, tok), is_backup
       FROM tasks t WHERE t.id = won.task_id;
 END $$;
 
--- Heartbeat: the executor is alive; each token it names is answered ok, lost or cancelled.
+-- Heartbeat: the executor is alive; each token it names (a lease or a backup) is answered ok, lost
+-- or cancelled.
 CREATE FUNCTION minion_heartbeat(p_executor uuid, p_tokens uuid[])
 RETURNS TABLE (lease_token uuid, state text) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -139,10 +198,13 @@ BEGIN
     RETURN QUERY
     SELECT t.tok,
            CASE WHEN s.state = 'leased' AND s.lease_executor = p_executor THEN 'ok'
+                WHEN bs.state = 'leased' AND b.executor_id = p_executor THEN 'ok'
                 WHEN s.state = 'cancelled' THEN 'cancelled'
                 ELSE 'lost' END
       FROM unnest(p_tokens) AS t(tok)
-      LEFT JOIN subtasks s ON s.lease_token = t.tok;
+      LEFT JOIN subtasks s ON s.lease_token = t.tok
+      LEFT JOIN subtask_backups b ON b.lease_token = t.tok
+      LEFT JOIN subtasks bs ON bs.task_id = b.task_id AND bs.subtask_id = b.subtask_id;
 END $$;
 
 -- Ends the current attempt of a leased subtask (locked by the caller): history, referee row,
@@ -153,11 +215,28 @@ CREATE FUNCTION minion_end_attempt(s subtasks, p_outcome text, p_error text, p_c
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     max_att integer;
+    backup subtask_backups%ROWTYPE;
 BEGIN
     INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
                                   outcome, error)
     VALUES (s.task_id, s.subtask_id, s.attempts, s.lease_executor, s.lease_token, s.leased_at,
             p_outcome, p_error);
+    PERFORM minion_touch_heartbeat(s.lease_executor, false);
+
+    -- A running backup takes over the lease: its work goes on, nothing is requeued.
+    SELECT * INTO backup FROM subtask_backups WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+    IF FOUND THEN
+        DELETE FROM subtask_backups WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+        UPDATE subtasks
+           SET lease_token = backup.lease_token, lease_executor = backup.executor_id,
+               leased_at = backup.leased_at, last_error = coalesce(p_error, last_error)
+         WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+        UPDATE minion_subtask_acquirement SET executor_id = backup.executor_id, lease_token = backup.lease_token
+         WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+        PERFORM minion_touch_heartbeat(backup.executor_id, false);
+        RETURN;
+    END IF;
+
     DELETE FROM minion_subtask_acquirement WHERE lease_token = s.lease_token;
     SELECT max_attempts INTO max_att FROM tasks WHERE id = s.task_id;
 
@@ -176,62 +255,136 @@ BEGIN
             format('subtask %s failed after %s attempt(s): %s', s.subtask_id, s.attempts,
                    coalesce(p_error, s.last_error)));
     END IF;
-    PERFORM minion_touch_heartbeat(s.lease_executor, false);
 END $$;
 
--- Whether a token, looked up (and locked) by its caller, is current: 'ok', 'lost' or 'cancelled'.
-CREATE FUNCTION minion_lease_verdict(p_found boolean, p_state text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN NOT p_found THEN 'lost'
-                WHEN p_state = 'leased' THEN 'ok'
-                WHEN p_state = 'cancelled' THEN 'cancelled'
+-- Ends a backup (failed, released, lost): the primary lease goes on as if nothing happened.
+CREATE FUNCTION minion_end_backup(p_token uuid, p_outcome text, p_error text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    b subtask_backups%ROWTYPE;
+    att integer;
+BEGIN
+    DELETE FROM subtask_backups WHERE lease_token = p_token RETURNING * INTO b;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT attempts INTO att FROM subtasks WHERE task_id = b.task_id AND subtask_id = b.subtask_id;
+    INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
+                                  outcome, error)
+    VALUES (b.task_id, b.subtask_id, att, b.executor_id, b.lease_token, b.leased_at, p_outcome, p_error);
+    PERFORM minion_touch_heartbeat(b.executor_id, false);
+END $$;
+
+-- Locks the subtask a token names, as its lease or as its backup (a NULL row when neither).
+CREATE FUNCTION minion_lock_subtask_of(p_token uuid) RETURNS subtasks LANGUAGE plpgsql AS $$
+DECLARE
+    s subtasks;
+BEGIN
+    SELECT * INTO s FROM subtasks WHERE lease_token = p_token FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT sub.* INTO s FROM subtasks sub
+          JOIN subtask_backups b ON b.task_id = sub.task_id AND b.subtask_id = sub.subtask_id
+         WHERE b.lease_token = p_token
+           FOR UPDATE OF sub;
+    END IF;
+    RETURN s;
+END $$;
+
+-- What a token is for the subtask it names (locked by the caller): 'primary' or 'backup' while
+-- current, else 'cancelled' or 'lost'.
+CREATE FUNCTION minion_token_role(s subtasks, p_token uuid) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN s.task_id IS NULL THEN 'lost'
+                WHEN s.state = 'cancelled' AND s.lease_token = p_token THEN 'cancelled'
+                WHEN s.state <> 'leased' THEN 'lost'
+                WHEN s.lease_token = p_token THEN 'primary'
+                WHEN EXISTS (SELECT 1 FROM subtask_backups b
+                              WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id
+                                AND b.lease_token = p_token) THEN 'backup'
                 ELSE 'lost' END
 $$;
 
+-- The object a current lease (or backup) must have written before it may complete.
+CREATE FUNCTION minion_lease_output_key(p_token uuid) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
+      FROM subtasks s WHERE s.lease_token = p_token AND s.state = 'leased'
+    UNION ALL
+    SELECT minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
+      FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
+     WHERE b.lease_token = p_token AND s.state = 'leased'
+    LIMIT 1
+$$;
+
 -- Commit a result: 'ok', or why not ('lost', 'cancelled', 'records_mismatch'). Exactly one
--- complete per subtask can succeed; a stale token changes nothing.
+-- complete per subtask can succeed (a straggler's or its backup's); a stale token changes nothing.
 CREATE FUNCTION minion_complete(p_token uuid, p_records integer, p_seconds double precision)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
-    verdict text;
+    role text;
+    b subtask_backups%ROWTYPE;
+    winner_executor uuid;
+    winner_started timestamptz;
 BEGIN
-    SELECT * INTO s FROM subtasks WHERE lease_token = p_token FOR UPDATE;
-    verdict := minion_lease_verdict(FOUND, s.state);
-    IF verdict <> 'ok' THEN
-        RETURN verdict;
+    s := minion_lock_subtask_of(p_token);
+    role := minion_token_role(s, p_token);
+    IF role NOT IN ('primary', 'backup') THEN
+        RETURN role;
     END IF;
     IF p_records IS DISTINCT FROM s.records THEN
         RETURN 'records_mismatch';
     END IF;
+    DELETE FROM subtask_backups WHERE task_id = s.task_id AND subtask_id = s.subtask_id RETURNING * INTO b;
+    IF role = 'primary' THEN
+        winner_executor := s.lease_executor;
+        winner_started := s.leased_at;
+        IF b.lease_token IS NOT NULL THEN
+            INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token,
+                                          started_at, outcome)
+            VALUES (s.task_id, s.subtask_id, s.attempts, b.executor_id, b.lease_token, b.leased_at,
+                    'superseded');
+        END IF;
+    ELSE
+        winner_executor := b.executor_id;
+        winner_started := b.leased_at;
+        INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token,
+                                      started_at, outcome)
+        VALUES (s.task_id, s.subtask_id, s.attempts, s.lease_executor, s.lease_token, s.leased_at,
+                'superseded');
+    END IF;
     UPDATE subtasks
-       SET state = 'done', done_at = now(), lease_executor = NULL,
-           output_key = minion_output_key(task_id, subtask_id, attempts, lease_token)
+       SET state = 'done', done_at = now(), lease_executor = NULL, lease_token = p_token,
+           output_key = minion_output_key(task_id, subtask_id, attempts, p_token)
      WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
-    DELETE FROM minion_subtask_acquirement WHERE lease_token = p_token;
+    DELETE FROM minion_subtask_acquirement WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
     INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
                                   outcome, records, seconds)
-    VALUES (s.task_id, s.subtask_id, s.attempts, s.lease_executor, p_token, s.leased_at, 'done',
+    VALUES (s.task_id, s.subtask_id, s.attempts, winner_executor, p_token, winner_started, 'done',
             p_records, p_seconds);
     PERFORM minion_subtask_closed(s.task_id, false);
     PERFORM minion_touch_heartbeat(s.lease_executor, false);
+    IF b.executor_id IS NOT NULL THEN
+        PERFORM minion_touch_heartbeat(b.executor_id, false);
+    END IF;
     RETURN 'ok';
 END $$;
 
 -- A failed attempt: requeued while attempts remain and the error is retryable, else failed for
--- good with this error. Returns 'ok', 'lost' or 'cancelled'.
+-- good with this error. A failed backup just ends. Returns 'ok', 'lost' or 'cancelled'.
 CREATE FUNCTION minion_fail(p_token uuid, p_error text, p_retryable boolean)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
-    verdict text;
+    role text;
 BEGIN
-    SELECT * INTO s FROM subtasks WHERE lease_token = p_token FOR UPDATE;
-    verdict := minion_lease_verdict(FOUND, s.state);
-    IF verdict <> 'ok' THEN
-        RETURN verdict;
+    s := minion_lock_subtask_of(p_token);
+    role := minion_token_role(s, p_token);
+    IF role = 'primary' THEN
+        PERFORM minion_end_attempt(s, 'failed', p_error, true, p_retryable);
+    ELSIF role = 'backup' THEN
+        PERFORM minion_end_backup(p_token, 'failed', p_error);
+    ELSE
+        RETURN role;
     END IF;
-    PERFORM minion_end_attempt(s, 'failed', p_error, true, p_retryable);
     RETURN 'ok';
 END $$;
 
@@ -240,14 +393,17 @@ END $$;
 CREATE FUNCTION minion_release(p_token uuid) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
-    verdict text;
+    role text;
 BEGIN
-    SELECT * INTO s FROM subtasks WHERE lease_token = p_token FOR UPDATE;
-    verdict := minion_lease_verdict(FOUND, s.state);
-    IF verdict <> 'ok' THEN
-        RETURN verdict;
+    s := minion_lock_subtask_of(p_token);
+    role := minion_token_role(s, p_token);
+    IF role = 'primary' THEN
+        PERFORM minion_end_attempt(s, 'released', NULL, false, true);
+    ELSIF role = 'backup' THEN
+        PERFORM minion_end_backup(p_token, 'released', NULL);
+    ELSE
+        RETURN role;
     END IF;
-    PERFORM minion_end_attempt(s, 'released', NULL, false, true);
     RETURN 'ok';
 END $$;
 
@@ -258,6 +414,7 @@ CREATE FUNCTION minion_reclaim_executor(p_executor uuid, p_lease_timeout_s doubl
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
+    tok uuid;
     n integer := 0;
     silent_s double precision;
 BEGIN
@@ -273,6 +430,10 @@ BEGIN
         PERFORM minion_end_attempt(s, 'lost',
             format('executor %s lost: no heartbeat for %s s', p_executor, round(silent_s::numeric, 1)),
             true, true);
+        n := n + 1;
+    END LOOP;
+    FOR tok IN SELECT b.lease_token FROM subtask_backups b WHERE b.executor_id = p_executor LOOP
+        PERFORM minion_end_backup(tok, 'lost', 'executor lost while running a backup');
         n := n + 1;
     END LOOP;
     IF n > 0 THEN
@@ -293,11 +454,16 @@ $$;
 CREATE FUNCTION minion_deregister(p_executor uuid) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
+    tok uuid;
     n integer := 0;
 BEGIN
     FOR s IN SELECT * FROM subtasks WHERE lease_executor = p_executor AND state = 'leased'
               ORDER BY task_id, subtask_id FOR UPDATE LOOP
         PERFORM minion_end_attempt(s, 'released', NULL, false, true);
+        n := n + 1;
+    END LOOP;
+    FOR tok IN SELECT b.lease_token FROM subtask_backups b WHERE b.executor_id = p_executor LOOP
+        PERFORM minion_end_backup(tok, 'released', NULL);
         n := n + 1;
     END LOOP;
     UPDATE executors SET status = 'offline' WHERE id = p_executor;

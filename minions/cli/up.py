@@ -24,7 +24,7 @@ from minions.logging import configure
 from minions.tokens import new_token
 
 SETTINGS = ("database_url", "store", "port", "host", "admin_token", "heartbeat_interval_s", "lease_timeout_s",
-            "max_attempts", "long_poll_s", "sweep_interval_s")
+            "max_attempts", "long_poll_s", "sweep_interval_s", "straggler_factor")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,8 +78,9 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
 
         executor_token = await _executor_token(data_dir, database_url)
         for i in range(args.executors):
-            await supervisor.start(f"agent-{i + 1}", "agents.macos",
-                                   ["--name", f"local-{i + 1}", "--no-policy", *args.executor_arg],
+            # The machine's owner started these by hand: the idle/power/thermal policy is off.
+            agent_args = ["--name", f"local-{i + 1}", "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
+            await supervisor.start(f"agent-{i + 1}", "agents.macos", [*agent_args, *args.executor_arg],
                                    {**env, "MINIONS_TOKEN": executor_token})
 
         info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}
@@ -117,6 +118,7 @@ def _service_env(settings: config.Settings, database_url: str, store: str, api_u
         "MINIONS_MAX_ATTEMPTS": str(settings.max_attempts),
         "MINIONS_LONG_POLL_S": str(settings.long_poll_s),
         "MINIONS_SWEEP_INTERVAL_S": str(settings.sweep_interval_s),
+        "MINIONS_STRAGGLER_FACTOR": str(settings.straggler_factor),
         "PYTHONUNBUFFERED": "1",
     }
     if settings.s3_endpoint_url:

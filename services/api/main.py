@@ -13,7 +13,7 @@ from minions.runtime import install_uvloop
 from services.api.app import create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
-            "lease_timeout_s", "max_attempts", "long_poll_s")
+            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

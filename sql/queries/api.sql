@@ -56,15 +56,13 @@ SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHE
 SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
 
 -- name: claim
-SELECT * FROM minion_claim($1, $2);
+SELECT * FROM minion_claim($1, $2, $3);
 
 -- name: heartbeat
 SELECT * FROM minion_heartbeat($1, $2);
 
 -- name: lease_output_key
--- The object a current lease must have written before it may complete.
-SELECT minion_output_key(task_id, subtask_id, attempts, lease_token) AS output_key
-FROM subtasks WHERE lease_token = $1 AND state = 'leased';
+SELECT minion_lease_output_key($1);
 
 -- name: complete
 SELECT minion_complete($1, $2, $3);

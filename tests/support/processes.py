@@ -62,6 +62,7 @@ class Services:
     lease_timeout_s: float = 3.0
     max_attempts: int = 3
     long_poll_s: float = 5.0
+    straggler_factor: float = 0.0
     port: int = field(default_factory=free_port)
     running: dict[str, Service] = field(default_factory=dict)
 
@@ -86,6 +87,7 @@ class Services:
             "MINIONS_MAX_ATTEMPTS": str(self.max_attempts),
             "MINIONS_LONG_POLL_S": str(self.long_poll_s),
             "MINIONS_SWEEP_INTERVAL_S": "1",
+            "MINIONS_STRAGGLER_FACTOR": str(self.straggler_factor),
             "MINIONS_LOG_LEVEL": "info",
             "PYTHONUNBUFFERED": "1",
         }

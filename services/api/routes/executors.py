@@ -125,7 +125,8 @@ async def claim(request: web.Request) -> web.Response:
     deadline = loop.time() + wait
     with waiters.registered(frozenset(executor["capabilities"])) as waiter:
         while True:
-            row = await pool.fetchrow(Q.claim, executor["id"], settings.lease_timeout_s)
+            row = await pool.fetchrow(Q.claim, executor["id"], settings.lease_timeout_s,
+                                      settings.straggler_factor)
             if row is not None:
                 return _json(await _lease(request, row))
             remaining = deadline - loop.time()
@@ -138,7 +139,8 @@ async def _lease(request: web.Request, row: Any) -> dict[str, Any]:
     store = request.app[STORE]
     lifetime = max(URL_LIFETIME_S, 2 * request.app[SETTINGS].lease_timeout_s)
     return {
-        "lease": {"token": str(row["lease_token"]), "expires_at": row["expires_at"].isoformat()},
+        "lease": {"token": str(row["lease_token"]), "expires_at": row["expires_at"].isoformat(),
+                  "backup": row["backup"]},
         "subtask": {
             "team": row["team"],
             "project": row["project"],

@@ -1,0 +1,282 @@
+-- Grafana's read side: views over the tables, named grafana_*, and a read-only role that can read
+-- them and nothing else (not the tables, so never api_tokens or the store signing key).
+--
+-- Every view has a `team` column, so a dashboard filters with `team IN ($team)`. Row-level views
+-- (grafana_attempts, grafana_queue_wait, grafana_tasks) keep the raw timestamp columns, so a panel's
+-- `$__timeFilter(ended_at)` reaches the table's index; the aggregated views summarise all history.
+--
+-- Executors with team NULL serve every team: they appear once under each known team
+-- (grafana_teams). A panel over several teams therefore counts executors with
+-- count(DISTINCT executor_id), never by summing per-team counts.
+--
+-- Executor status is minion_executor_status (040_executors.sql): busy (holds a lease), idle
+-- (heartbeat within the lease timeout), offline, lost; online = busy or idle. The lease timeout is
+-- a service setting (MINIONS_LEASE_TIMEOUT_S), not in the database, so the views read it from
+-- minion_settings key 'lease_timeout_s' (inserted here with the services' default, 120 s);
+-- an operator who changes the services' timeout updates that row to match.
+--
+-- A later migration that adds a grafana_* view must GRANT SELECT on it to minions_grafana
+-- (re-running the grant block at the end of this file does it for all of them).
+
+INSERT INTO minion_settings (key, value) VALUES ('lease_timeout_s', '120')
+ON CONFLICT (key) DO NOTHING;
+
+-- An error's kind, for grouping failures: ids and measurements out, whitespace folded, 80 chars.
+-- 'executor 5f0c…-… lost: no heartbeat for 131.2 s' -> 'executor <id> lost: no heartbeat for N s'.
+CREATE FUNCTION minion_error_reason(p_error text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT left(btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(p_error,
+               '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
+               '0x[0-9a-f]+', '<addr>', 'gi'),
+               '[0-9]+\.[0-9]+', 'N', 'g'),
+               '\s+', ' ', 'g')), 80)
+$$;
+
+-- Every team the system knows of: from tasks, team-scoped executors and live team tokens.
+CREATE VIEW grafana_teams AS
+SELECT team::text AS team FROM tasks
+UNION
+SELECT team::text FROM executors WHERE team IS NOT NULL
+UNION
+SELECT team::text FROM api_tokens WHERE team IS NOT NULL AND revoked_at IS NULL;
+
+-- One row per executor and team it serves (a shared executor: one row under every team).
+CREATE VIEW grafana_executors AS
+WITH settings AS (
+    SELECT coalesce((SELECT value::double precision FROM minion_settings
+                      WHERE key = 'lease_timeout_s'), 120) AS lease_timeout_s
+), ex AS (
+    SELECT e.id, e.name, e.team, e.hardware, e.kinds, e.models, e.registered_at, h.beat_at,
+           coalesce(h.leases, 0) AS leases,
+           minion_executor_status(e.status, coalesce(h.leases, 0), h.beat_at, s.lease_timeout_s) AS status
+      FROM executors e
+      LEFT JOIN heartbeats h ON h.executor_id = e.id
+     CROSS JOIN settings s
+)
+SELECT t.team,
+       ex.id AS executor_id,
+       ex.name AS executor,
+       CASE WHEN ex.team IS NULL THEN 'shared' ELSE 'team' END AS scope,
+       coalesce(ex.hardware ->> 'device', 'unknown') AS device,
+       coalesce(ex.hardware ->> 'chip', 'unknown') AS chip,
+       coalesce(ex.hardware ->> 'os', 'unknown') AS os,
+       ex.status,
+       ex.status IN ('busy', 'idle') AS online,
+       ex.leases,
+       ex.beat_at AS last_heartbeat_at,
+       ex.registered_at,
+       array_to_string(ex.kinds, ',') AS kinds,
+       array_to_string(ex.models, ',') AS models
+  FROM ex
+  JOIN grafana_teams t ON ex.team IS NULL OR t.team = ex.team::text;
+
+-- Executors registered / online / busy / idle / offline / lost, per team and hardware.
+CREATE VIEW grafana_executor_counts AS
+SELECT team, device, chip, os,
+       count(*) AS registered,
+       count(*) FILTER (WHERE online) AS online,
+       count(*) FILTER (WHERE status = 'busy') AS busy,
+       count(*) FILTER (WHERE status = 'idle') AS idle,
+       count(*) FILTER (WHERE status = 'offline') AS offline,
+       count(*) FILTER (WHERE status = 'lost') AS lost
+  FROM grafana_executors
+ GROUP BY team, device, chip, os;
+
+-- One row per task; phase: active (submitted, splitting, queued, running), completed, failed,
+-- cancelled.
+CREATE VIEW grafana_tasks AS
+SELECT t.team::text AS team,
+       t.project::text AS project,
+       t.name::text AS task_name,
+       t.id AS task_id,
+       t.kind,
+       t.model,
+       t.status,
+       CASE WHEN t.status IN ('submitted', 'splitting', 'queued', 'running') THEN 'active'
+            ELSE t.status END AS phase,
+       t.priority,
+       t.split_records AS records,
+       t.open_subtasks,
+       t.failed_subtasks,
+       t.created_at,
+       t.started_at,
+       t.finished_at,
+       t.error
+  FROM tasks t;
+
+CREATE VIEW grafana_tasks_by_status AS
+SELECT team, phase, status, count(*) AS tasks, sum(records) AS records
+  FROM grafana_tasks
+ GROUP BY team, phase, status;
+
+-- Inference kinds and models: tasks and records (split, and done) per team.
+CREATE VIEW grafana_kinds_models AS
+SELECT t.team::text AS team, t.kind, t.model,
+       count(*) AS tasks,
+       count(*) FILTER (WHERE t.status IN ('submitted', 'splitting', 'queued', 'running')) AS active_tasks,
+       sum(t.split_records) AS records,
+       coalesce(sum(d.records_done), 0) AS records_done
+  FROM tasks t
+  LEFT JOIN (SELECT task_id, sum(records) AS records_done FROM subtasks
+              WHERE state = 'done' GROUP BY task_id) d ON d.task_id = t.id
+ GROUP BY t.team, t.kind, t.model;
+
+-- One row per ended attempt, with its task and executor. duration_s: lease to end (wall clock, with
+-- downloads and uploads); compute_s: what the executor reported (done attempts only); reason: the
+-- normalised error of an attempt that did not end done.
+CREATE VIEW grafana_attempts AS
+SELECT a.ended_at,
+       a.started_at,
+       t.team::text AS team,
+       t.project::text AS project,
+       t.name::text AS task_name,
+       a.task_id,
+       a.subtask_id,
+       a.attempt,
+       t.kind,
+       t.model,
+       a.outcome,
+       a.executor_id,
+       coalesce(e.name, 'unknown') AS executor,
+       coalesce(e.hardware ->> 'device', 'unknown') AS device,
+       coalesce(e.hardware ->> 'chip', 'unknown') AS chip,
+       coalesce(e.hardware ->> 'os', 'unknown') AS os,
+       a.records,
+       a.seconds AS compute_s,
+       extract(epoch FROM a.ended_at - a.started_at)::double precision AS duration_s,
+       a.error,
+       CASE WHEN a.outcome <> 'done' THEN minion_error_reason(coalesce(a.error, a.outcome)) END AS reason
+  FROM subtask_attempts a
+  JOIN tasks t ON t.id = a.task_id
+  LEFT JOIN executors e ON e.id = a.executor_id;
+
+-- Records committed per minute, per team, kind and model.
+CREATE VIEW grafana_records_per_minute AS
+SELECT date_trunc('minute', ended_at) AS "time", team, kind, model,
+       sum(records) AS records, count(*) AS subtasks
+  FROM grafana_attempts
+ WHERE outcome = 'done'
+ GROUP BY 1, team, kind, model;
+
+-- Queue wait per task: submission to first lease. A task still waiting counts with its wait so far
+-- (waiting = true, waited_until = now), so a stuck queue shows up rather than hiding.
+CREATE VIEW grafana_queue_wait AS
+SELECT w.team, w.project, w.task_name, w.task_id, w.kind, w.model, w.created_at, w.first_lease_at,
+       w.first_lease_at IS NULL AS waiting,
+       coalesce(w.first_lease_at, now()) AS waited_until,
+       extract(epoch FROM coalesce(w.first_lease_at, now()) - w.created_at)::double precision AS wait_s
+  FROM (SELECT t.team::text AS team, t.project::text AS project, t.name::text AS task_name,
+               t.id AS task_id, t.kind, t.model, t.created_at, t.status,
+               coalesce(t.started_at,
+                        (SELECT min(a.started_at) FROM subtask_attempts a WHERE a.task_id = t.id))
+                   AS first_lease_at
+          FROM tasks t) w
+ WHERE w.first_lease_at IS NOT NULL
+    OR w.status IN ('submitted', 'splitting', 'queued', 'running');
+
+CREATE VIEW grafana_queue_wait_percentiles AS
+SELECT team, kind, model,
+       count(*) AS tasks,
+       count(*) FILTER (WHERE waiting) AS waiting,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s) AS p50_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s) AS p95_s,
+       max(wait_s) AS max_s
+  FROM grafana_queue_wait
+ GROUP BY team, kind, model;
+
+-- Done subtasks' durations, p50/p95, by model and by hardware.
+CREATE VIEW grafana_subtask_duration_by_model AS
+SELECT team, kind, model,
+       count(*) AS subtasks,
+       sum(records) AS records,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_s) AS p50_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_s) AS p95_s,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY compute_s) AS p50_compute_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY compute_s) AS p95_compute_s,
+       sum(records) / nullif(sum(compute_s), 0) AS records_per_compute_s
+  FROM grafana_attempts
+ WHERE outcome = 'done'
+ GROUP BY team, kind, model;
+
+CREATE VIEW grafana_subtask_duration_by_hardware AS
+SELECT team, device, chip, os,
+       count(*) AS subtasks,
+       sum(records) AS records,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_s) AS p50_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_s) AS p95_s,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY compute_s) AS p50_compute_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY compute_s) AS p95_compute_s,
+       sum(records) / nullif(sum(compute_s), 0) AS records_per_compute_s
+  FROM grafana_attempts
+ WHERE outcome = 'done'
+ GROUP BY team, device, chip, os;
+
+-- Failed and lost attempts by normalised reason.
+CREATE VIEW grafana_failures_by_reason AS
+SELECT team, outcome, reason,
+       count(*) AS failures,
+       count(DISTINCT task_id) AS tasks,
+       count(DISTINCT executor_id) AS executors,
+       min(ended_at) AS first_at,
+       max(ended_at) AS last_at
+  FROM grafana_attempts
+ WHERE outcome IN ('failed', 'lost')
+ GROUP BY team, outcome, reason;
+
+-- What each executor contributed to each team (the team of the tasks it ran).
+CREATE VIEW grafana_top_executors AS
+SELECT team, executor_id, executor, device, chip, os,
+       count(*) FILTER (WHERE outcome = 'done') AS subtasks_done,
+       coalesce(sum(records) FILTER (WHERE outcome = 'done'), 0) AS records_done,
+       coalesce(sum(compute_s) FILTER (WHERE outcome = 'done'), 0) AS compute_s,
+       count(*) FILTER (WHERE outcome IN ('failed', 'lost')) AS failures,
+       max(ended_at) FILTER (WHERE outcome = 'done') AS last_done_at
+  FROM grafana_attempts
+ GROUP BY team, executor_id, executor, device, chip, os;
+
+-- The read-only role Grafana logs in as. Roles are cluster-wide (several databases may share one
+-- server, and may migrate at once), so it is created only if missing, and a concurrent creation is
+-- not an error. It logs in but has no password: set one (ALTER ROLE minions_grafana PASSWORD ...)
+-- where Postgres asks for one. A migrating user that may not create roles leaves it to an operator
+-- (a warning, not a failure); the grants below then wait for the next run of this block.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'minions_grafana') THEN
+        BEGIN
+            CREATE ROLE minions_grafana LOGIN;
+            ALTER ROLE minions_grafana SET default_transaction_read_only = on;
+            ALTER ROLE minions_grafana SET statement_timeout = '30s';
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- another database's migration created it first
+            WHEN insufficient_privilege THEN
+                RAISE WARNING 'cannot create role minions_grafana (%); create it, then grant it '
+                              'SELECT on the grafana_* views', SQLERRM;
+        END;
+    END IF;
+END $$;
+
+-- The grants: SELECT on the grafana_* views and nothing else. Views read the tables with their
+-- owner's rights, so the role needs no table privilege at all.
+DO $$
+DECLARE
+    v record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'minions_grafana') THEN
+        RETURN;
+    END IF;
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM PUBLIC, minions_grafana', current_schema());
+    EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA %I FROM PUBLIC, minions_grafana',
+                   current_schema());
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO minions_grafana', current_schema());
+    FOR v IN SELECT c.relname FROM pg_class c
+              WHERE c.relkind = 'v' AND c.relnamespace = current_schema()::regnamespace
+                AND c.relname LIKE 'grafana\_%'
+              ORDER BY c.relname LOOP
+        EXECUTE format('GRANT SELECT ON %I TO minions_grafana', v.relname);
+    END LOOP;
+    -- Functions the views call run as the querying role (EXECUTE is PUBLIC's by default; granted
+    -- here explicitly so a REVOKE FROM PUBLIC elsewhere cannot break the dashboards).
+    GRANT EXECUTE ON FUNCTION minion_executor_status(text, integer, timestamptz, double precision),
+                              minion_error_reason(text)
+       TO minions_grafana;
+END $$;
