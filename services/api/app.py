@@ -3,12 +3,12 @@ shut-down are symmetrical and each test can build a fresh app."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
 
+from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
@@ -64,15 +64,14 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 async def _signing_key(pool: asyncpg.Pool) -> str:
     """The local store's URL-signing key lives in the database so every replica shares it. A service
     started before its database waits for it here, saying so, rather than crashing."""
-    delay = 0.2
+    backoff = Backoff(max_s=5.0)
     while True:
         try:
             value: str = await pool.fetchval(Q.store_signing_key)
             return value
         except CONNECTION_ERRORS as exc:
-            log.warning("waiting_for_database", error=str(exc), retry_in_s=round(delay, 2))
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
+            log.warning("waiting_for_database", error=str(exc))
+        await backoff.sleep()
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:

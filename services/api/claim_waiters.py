@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 
+from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.logging import get_logger
 
@@ -92,7 +92,7 @@ class ClaimWaiters:
             waiter.event.set()
 
     async def _keep_listening(self) -> None:
-        delay = 0.2
+        backoff = Backoff(max_s=5.0)
         while not self._stopping:
             lost = asyncio.Event()
             try:
@@ -103,16 +103,15 @@ class ClaimWaiters:
                 self.connected.set()
                 self._wake_all()  # anything notified while we were away: let waiters look again
                 log.info("listening", channel=CHANNEL)
-                delay = 0.2
+                backoff.reset()
                 await self._watch(conn, lost)
             except asyncio.CancelledError:
                 raise
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                log.warning("listen_connection_failed", error=str(exc), retry_in_s=round(delay, 2))
+                log.warning("listen_connection_failed", error=str(exc))
             self.connected.clear()
             self._wake_all()
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 5.0)
+            await backoff.sleep()
 
     async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
         """Return when the connection is gone. A liveness probe every 30 s catches a server that

@@ -12,10 +12,10 @@ from typing import Any
 
 import asyncpg
 
+from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from services.splitter.backoff import Backoff
 
 Q = Queries("splitter")
 CHANNEL = "tasks"

@@ -18,12 +18,12 @@ from typing import Any
 import asyncpg
 
 from minions import logging as minions_logging
+from minions.backoff import Backoff
 from minions.config import ConfigError, Settings, add_arguments, from_args
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
-from services.splitter.backoff import Backoff
 from services.splitter.listener import TaskListener, Wakeup
 from services.splitter.worker import RetryBook, Worker
 

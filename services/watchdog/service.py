@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import uuid
 
 import asyncpg
 
+from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
@@ -36,16 +36,16 @@ class Watchdog:
         self._wake.set()
 
     async def run(self) -> None:
-        delay = 0.2
+        backoff = Backoff(max_s=5.0)
         while not self._stopping.is_set():
             try:
                 conn = await connect(self.settings.database_url)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                delay = backoff.next_delay()
                 log.warning("database_unreachable", error=str(exc), retry_in_s=round(delay, 2))
-                await self._sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 5.0)
+                await self._sleep(delay)
                 continue
-            delay = 0.2
+            backoff.reset()
             try:
                 await self._serve(conn)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
