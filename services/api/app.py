@@ -54,6 +54,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 async def _store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     signing_key = await _signing_key(app[POOL])
+    await app[POOL].execute(Q.record_lease_timeout, str(settings.lease_timeout_s))
     store = open_store(settings.store, signing_key=signing_key, base_url=settings.url_for_executors,
                        s3_endpoint_url=settings.s3_endpoint_url)
     app[STORE] = store

@@ -92,3 +92,8 @@ SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.regi
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;
+
+-- name: record_lease_timeout
+-- The dashboards' views judge "online" by the lease timeout the services run with.
+INSERT INTO minion_settings (key, value) VALUES ('lease_timeout_s', $1)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;

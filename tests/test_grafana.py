@@ -1,0 +1,317 @@
+"""Grafana on Postgres views: the grafana_* views answer the dashboard's questions per team, the
+minions_grafana role reads them and nothing else, and every panel of the provisioned dashboard runs,
+expanded as Grafana would expand it, as that role against a live database."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import yaml
+
+from minions.db.connect import connect
+from tests.support.factories import make_task, make_token
+from tests.support.grafana_macros import (
+    MacroError,
+    QueryContext,
+    expand,
+    format_interval,
+    rfc3339_nano,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAFANA = ROOT / "infra" / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "minions.json"
+ROLE = "minions_grafana"
+HARDWARE = {"device": "cpu", "chip": "Test CPU", "os": "Linux"}
+# Panels that must show something for a team with a finished task.
+KEY_PANELS = {
+    "Executors online", "Executors idle", "Executors lost", "Executors by status", "Executors by hardware",
+    "Tasks active", "Tasks completed", "Tasks by status", "Tasks by kind",
+    "Records per minute by model", "Records per minute by kind", "Records by model (time range)",
+    "Queue wait by model", "Subtask duration by model", "Subtask duration by hardware",
+    "Failures by reason", "Top executors", "Failed and lost attempts per minute",
+    "Executors per team and hardware", "Kinds and models", "Queue wait percentiles",
+    "Duration percentiles by model", "Duration percentiles by hardware", "Failure reasons",
+    "Executor contributions", "Records per minute by team",
+}
+
+
+async def _register(conn: asyncpg.Connection, token_id: int, name: str, hardware: dict[str, str],
+                    *, team: str | None = None, kinds: tuple[str, ...] = ("embedding",),
+                    models: tuple[str, ...] = ("m1",)) -> uuid.UUID:
+    executor_id: uuid.UUID = await conn.fetchval(
+        "SELECT minion_register_executor($1, $2, $3, $4, $5, $6, '[]'::jsonb)",
+        token_id, team, name, hardware, list(kinds), list(models),
+    )
+    return executor_id
+
+
+async def _build(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Team 'search': task A finished (one failed attempt, then all done) by a shared CPU executor;
+    task B running, its only lease lost by a silent Mac. Team 'other': a queued task and its own
+    executor."""
+    _, token_id = await make_token(conn, "executor")
+    _, other_token = await make_token(conn, "executor", team="other")
+    cpu = await _register(conn, token_id, "cpu-box", HARDWARE)
+    mac = await _register(conn, token_id, "flaky-mac", {"device": "mps", "chip": "Apple M2", "os": "macOS"})
+    await _register(conn, other_token, "other-box", {"device": "cuda", "chip": "L4", "os": "Linux"},
+                    team="other", kinds=("sleep",), models=())
+
+    task_a = await make_task(conn, team="search", kind="embedding", model="m1", subtasks=2,
+                             records_per_subtask=5)
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", cpu)
+    assert await conn.fetchval(
+        "SELECT minion_fail($1, $2, true)", lease["lease_token"],
+        "CUDA out of memory at 0x7f3a1c00 (tried to allocate 2.50 GiB)",
+    ) == "ok"
+    while (lease := await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", cpu)) is not None:
+        verdict = await conn.fetchval("SELECT minion_complete($1, $2, 0.25)",
+                                      lease["lease_token"], lease["records"])
+        assert verdict == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_a) == "completed"
+
+    task_b = await make_task(conn, team="search", kind="embedding", model="m1", subtasks=1,
+                             records_per_subtask=5)
+    assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", mac) is not None
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '1 hour' WHERE executor_id = $1", mac)
+    assert await conn.fetchval("SELECT minion_reclaim_executor($1, 120)", mac) == 1
+
+    task_c = await make_task(conn, team="other", kind="sleep", model="sleep", subtasks=1)
+    return {"cpu": cpu, "mac": mac, "task_a": task_a, "task_b": task_b, "task_c": task_c}
+
+
+async def _as_grafana(database_url: str) -> asyncpg.Connection:
+    conn = await connect(database_url)
+    await conn.execute(f"SET ROLE {ROLE}")
+    return conn
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def _dashboard() -> dict[str, Any]:
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return dashboard
+
+
+async def test_views_answer_per_team(database_url: str) -> None:
+    admin = await connect(database_url)
+    made = await _build(admin)
+    conn = await _as_grafana(database_url)
+    try:
+        assert {r["team"] for r in await conn.fetch("SELECT team FROM grafana_teams")} == {"search", "other"}
+
+        # Shared executors serve every team; a team's own executor only its team.
+        rows = await conn.fetch("SELECT team, executor, status, online, scope, chip FROM grafana_executors")
+        by_team: dict[str, dict[str, str]] = {}
+        for r in rows:
+            by_team.setdefault(r["team"], {})[r["executor"]] = r["status"]
+        assert by_team["search"] == {"cpu-box": "idle", "flaky-mac": "lost"}
+        assert by_team["other"] == {"cpu-box": "idle", "flaky-mac": "lost", "other-box": "idle"}
+        counts = await conn.fetchrow(
+            "SELECT * FROM grafana_executor_counts WHERE team = 'search' AND chip = 'Test CPU'")
+        assert (counts["device"], counts["os"]) == ("cpu", "Linux")
+        assert (counts["registered"], counts["online"], counts["busy"], counts["idle"], counts["lost"]) == (
+            1, 1, 0, 1, 0)
+
+        statuses = {(r["team"], r["phase"], r["status"]): r["tasks"]
+                    for r in await conn.fetch("SELECT * FROM grafana_tasks_by_status")}
+        assert statuses == {("search", "completed", "completed"): 1, ("search", "active", "running"): 1,
+                            ("other", "active", "queued"): 1}
+
+        km = await conn.fetchrow("SELECT * FROM grafana_kinds_models WHERE team = 'search'")
+        assert (km["kind"], km["model"], km["tasks"], km["active_tasks"], km["records"], km["records_done"]) == (
+            "embedding", "m1", 2, 1, 15, 10)
+
+        per_minute = await conn.fetch("SELECT * FROM grafana_records_per_minute")
+        assert sum(r["records"] for r in per_minute) == 10
+        assert {(r["team"], r["kind"], r["model"]) for r in per_minute} == {("search", "embedding", "m1")}
+
+        waits = {r["task_id"]: r for r in await conn.fetch("SELECT * FROM grafana_queue_wait")}
+        assert not waits[made["task_a"]]["waiting"] and waits[made["task_a"]]["wait_s"] >= 0
+        assert waits[made["task_c"]]["waiting"] and waits[made["task_c"]]["first_lease_at"] is None
+        qw = await conn.fetchrow("SELECT * FROM grafana_queue_wait_percentiles WHERE team = 'search'")
+        assert qw["tasks"] == 2 and qw["p95_s"] >= qw["p50_s"] >= 0
+
+        dm = await conn.fetchrow("SELECT * FROM grafana_subtask_duration_by_model WHERE team = 'search'")
+        assert (dm["subtasks"], dm["records"], dm["p50_compute_s"]) == (2, 10, 0.25)
+        assert dm["p95_s"] >= dm["p50_s"] >= 0 and dm["records_per_compute_s"] == 20
+        dh = await conn.fetch("SELECT * FROM grafana_subtask_duration_by_hardware WHERE team = 'search'")
+        assert [(r["device"], r["chip"], r["os"], r["subtasks"]) for r in dh] == [("cpu", "Test CPU", "Linux", 2)]
+
+        reasons = {(r["outcome"], r["reason"]): r["failures"]
+                   for r in await conn.fetch("SELECT * FROM grafana_failures_by_reason WHERE team = 'search'")}
+        assert reasons == {
+            ("failed", "CUDA out of memory at <addr> (tried to allocate N GiB)"): 1,
+            ("lost", "executor <id> lost: no heartbeat for N s"): 1,
+        }
+
+        top = {r["executor"]: r for r in await conn.fetch(
+            "SELECT * FROM grafana_top_executors WHERE team = 'search' ORDER BY records_done DESC")}
+        assert (top["cpu-box"]["subtasks_done"], top["cpu-box"]["records_done"], top["cpu-box"]["failures"],
+                top["cpu-box"]["chip"]) == (2, 10, 1, "Test CPU")
+        assert (top["flaky-mac"]["records_done"], top["flaky-mac"]["failures"]) == (0, 1)
+        assert not await conn.fetch("SELECT * FROM grafana_top_executors WHERE team = 'other'")
+    finally:
+        await conn.close()
+        await admin.close()
+
+
+async def test_every_dashboard_panel_runs_as_the_readonly_role(database_url: str) -> None:
+    admin = await connect(database_url)
+    await _build(admin)
+    conn = await _as_grafana(database_url)
+    dashboard = _dashboard()
+    now = datetime.now(UTC)
+    ctx = QueryContext(time_from=now - timedelta(hours=6), time_to=now + timedelta(minutes=5),
+                       variables={"team": ["search"]})
+    try:
+        variable = dashboard["templating"]["list"][0]
+        options = [r[0] for r in await conn.fetch(expand(variable["query"], ctx))]
+        assert options == ["other", "search"]
+
+        results: dict[str, list[asyncpg.Record]] = {}
+        for panel in _panels(dashboard["panels"]):
+            for target in panel.get("targets", []):
+                sql = expand(target["rawSql"], ctx)
+                assert "$" not in sql and "[[" not in sql, (panel["title"], sql)
+                try:
+                    results[panel["title"]] = await conn.fetch(sql)
+                except asyncpg.PostgresError as e:
+                    pytest.fail(f"panel {panel['title']!r}: {e}\n{sql}")
+        assert KEY_PANELS <= results.keys()
+        empty = sorted(title for title in KEY_PANELS if not results[title])
+        assert not empty, f"panels without rows: {empty}"
+
+        def stat(title: str) -> Any:
+            return results[title][0][0]
+
+        assert (stat("Executors online"), stat("Executors busy"), stat("Executors idle"),
+                stat("Executors lost")) == (1, 0, 1, 1)
+        assert (stat("Tasks active"), stat("Tasks completed"), stat("Tasks failed")) == (1, 1, 0)
+        per_model = results["Records per minute by model"]
+        assert {r["metric"] for r in per_model} == {"m1"} and sum(r["value"] for r in per_model) == 10
+        assert all(r["time"] % 60 == 0 for r in per_model)
+        top = results["Top executors"][0]
+        assert (top["executor"], top["chip"], top["records_done"], top["subtasks_done"]) == (
+            "cpu-box", "Test CPU", 10, 2)
+        assert [r["chip"] for r in results["Subtask duration by hardware"]] == ["Test CPU"]
+        assert {r["status"]: r["executors"] for r in results["Executors by status"]} == {"idle": 1, "lost": 1}
+
+        # The other team sees its own executor and none of search's work.
+        other = QueryContext(time_from=ctx.time_from, time_to=ctx.time_to, variables={"team": ["other"]})
+        top_panel = next(p for p in _panels(dashboard["panels"]) if p["title"] == "Top executors")
+        assert await conn.fetch(expand(top_panel["targets"][0]["rawSql"], other)) == []
+    finally:
+        await conn.close()
+        await admin.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM tasks",
+    "SELECT * FROM subtask_attempts",
+    "SELECT value FROM minion_settings",
+    "SELECT token_hash FROM api_tokens",
+    "SELECT minion_cancel_task(1)",
+    "UPDATE grafana_tasks SET status = 'cancelled'",
+    "CREATE TABLE grafana_mine (x int)",
+])
+async def test_readonly_role_reads_views_only(database_url: str, sql: str) -> None:
+    conn = await _as_grafana(database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM grafana_tasks") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied"):
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def test_role_is_created_once_per_cluster(database_url: str) -> None:
+    """The role block is idempotent: re-running the migration file's SQL in another database of the
+    same server (the role already exists) succeeds and grants again."""
+    admin = await connect(database_url)
+    try:
+        sql = (ROOT / "sql" / "050_views.sql").read_text()
+        role_blocks = sql[sql.index("DO $$"):]
+        await admin.execute(role_blocks)
+        attrs = await admin.fetchrow(
+            "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = $1", ROLE)
+        assert tuple(attrs) == (True, False, False, False)
+        granted = await admin.fetch(
+            """SELECT table_name, privilege_type FROM information_schema.role_table_grants
+                WHERE grantee = $1 ORDER BY table_name""", ROLE)
+        assert granted and all(r["table_name"].startswith("grafana_") for r in granted)
+        assert {r["privilege_type"] for r in granted} == {"SELECT"}
+    finally:
+        await admin.close()
+
+
+def test_provisioning_files_parse_and_agree() -> None:
+    datasources = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "minions.yaml").read_text())
+    assert datasources["apiVersion"] == 1
+    [ds] = datasources["datasources"]
+    assert ds["type"] == "grafana-postgresql-datasource" and ds["user"] == ROLE
+    assert "${MINIONS_GRAFANA_DB_HOST}" in ds["url"]
+    assert ds["jsonData"]["database"] == "${MINIONS_GRAFANA_DB_NAME}"
+
+    providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "minions.yaml").read_text())
+    [provider] = providers["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"]
+
+    dashboard = _dashboard()
+    assert dashboard["schemaVersion"] >= 39 and dashboard["uid"] == "minions-overview"
+    assert dashboard["time"] == {"from": "now-6h", "to": "now"} and dashboard["refresh"]
+    [team] = dashboard["templating"]["list"]
+    assert (team["name"], team["multi"], team["includeAll"]) == ("team", True, True)
+    assert team["datasource"]["uid"] == ds["uid"]
+    ids = [p["id"] for p in _panels(dashboard["panels"])]
+    assert len(ids) == len(set(ids))
+    for panel in _panels(dashboard["panels"]):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == ds["uid"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == ds["uid"]
+            assert "team IN ($team)" in target["rawSql"], panel["title"]
+            assert "grafana_" in target["rawSql"], panel["title"]
+            if panel["type"] == "timeseries":
+                assert target["format"] == "time_series" and "$__timeFilter(" in target["rawSql"]
+
+
+def test_macros_expand_like_grafana() -> None:
+    ctx = QueryContext(time_from=datetime(2024, 5, 1, 10, 0, tzinfo=UTC),
+                       time_to=datetime(2024, 5, 1, 16, 0, 0, 250000, tzinfo=UTC),
+                       interval=timedelta(seconds=20),
+                       variables={"team": ["search", "o'brien"], "one": "it's"})
+    assert expand("$__timeGroupAlias(ended_at, 1m)", ctx) == 'floor(extract(epoch from ended_at)/60)*60 AS "time"'
+    assert expand("$__timeGroup(t, '5m') AS x", ctx) == "floor(extract(epoch from t)/300)*300 AS x"
+    # Pre-5.3 compatibility: a bare $__timeGroup followed by ',' gets the alias.
+    assert expand("SELECT $__timeGroup(t, 1h), v", ctx) == 'SELECT floor(extract(epoch from t)/3600)*3600 AS "time", v'
+    assert expand("$__timeGroup(t, $__interval)", ctx) == "floor(extract(epoch from t)/20)*20"
+    assert expand("$__timeFilter(ended_at)", ctx) == (
+        "ended_at BETWEEN '2024-05-01T10:00:00Z' AND '2024-05-01T16:00:00.25Z'")
+    assert expand("$__timeFrom() $__timeTo()", ctx) == "'2024-05-01T10:00:00Z' '2024-05-01T16:00:00.25Z'"
+    assert expand("$__time(c) $__timeEpoch(c)", ctx) == 'c AS "time" extract(epoch from c) as "time"'
+    assert expand("$__unixEpochFilter(e)", ctx) == "e >= 1714557600 AND e <= 1714579200"
+    assert expand("$__interval $__interval_ms", ctx) == "20s 20000"
+    for text in ("team IN ($team)", "team IN (${team})", "team IN ([[team]])"):
+        assert expand(text, ctx) == "team IN ('search','o''brien')"
+    assert expand("${team:csv} ${team:raw} ${team:sqlstring}", ctx) == (
+        "search,o'brien search,o'brien 'search','o''brien'")
+    assert expand("'$one' $teams $__from", ctx) == "'it''s' $teams 1714557600000"
+    assert format_interval(timedelta(seconds=90)) == "1m" and format_interval(timedelta(days=2)) == "2d"
+    assert rfc3339_nano(datetime(2024, 1, 1, tzinfo=UTC)) == "2024-01-01T00:00:00Z"
+    with pytest.raises(MacroError):
+        expand("$__nope(x)", ctx)
+    with pytest.raises(MacroError):
+        expand("$__timeGroup(x)", ctx)
