@@ -69,20 +69,27 @@ class Supervisor:
             await self._spawn(child)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop in reverse order of start: agents first, so they can hand back their leases and
+        deregister while the API is still there, then the services."""
         self._stopping = True
-        running = [c for c in self.children.values() if c.process and c.process.returncode is None]
-        for child in running:
-            assert child.process is not None
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGTERM)
-        for child in running:
-            assert child.process is not None
-            try:
-                await asyncio.wait_for(child.process.wait(), timeout_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                await child.process.wait()
+        for child in reversed(list(self.children.values())):
+            await self._stop_child(child, timeout_s)
         for watcher in self._watchers:
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def stop_children(self, names: list[str], timeout_s: float = 10.0) -> None:
+        await asyncio.gather(*(self._stop_child(self.children[n], timeout_s) for n in names))
+
+    @staticmethod
+    async def _stop_child(child: Child, timeout_s: float) -> None:
+        if child.process is None or child.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.process.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            await child.process.wait()

@@ -97,6 +97,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         return 0
     finally:
         print("stopping ...", flush=True)
+        # Agents first, together (each hands back its lease), then the services one by one.
+        await supervisor.stop_children([n for n in supervisor.children if n.startswith("agent-")])
         await supervisor.stop()
         if pg is not None:
             await asyncio.to_thread(pg.stop)

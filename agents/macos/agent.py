@@ -1,0 +1,359 @@
+"""The agent's main loop.
+
+register → (wait for the owner policy → long-poll claim → download range → run → upload → complete)
+forever, with heartbeats on their own task. Work is handed back (release) when the owner needs the
+machine or the agent stops, and dropped without a word when a heartbeat says its lease is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from agents.macos import awake, hardware
+from agents.macos.client import (
+    AuthError,
+    ClientError,
+    Conflict,
+    ExecutorClient,
+    NotFound,
+    Rejected,
+    StorageError,
+)
+from agents.macos.config import AgentConfig
+from agents.macos.hardware import Hardware
+from agents.macos.jsonl import RecordsError, encode_outputs, parse_records
+from agents.macos.policy import OwnerPolicy
+from agents.macos.protocol import Claim, ProtocolError, Registration
+from agents.macos.runners.base import PermanentError, Runner, RunnerError
+from agents.macos.runners.registry import build_runners, uses_torch
+from minions.logging import get_logger
+
+log = get_logger(__name__)
+
+EXIT_OK = 0
+# EX_CONFIG: a bad token or configuration. The systemd unit does not restart on it (a restart
+# loop cannot fix a token), and launchd throttles it.
+EXIT_CONFIG = 78
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass
+class _Job:
+    claim: Claim
+    task: asyncio.Task[None]
+    abort_reason: str | None = None  # owner | lost | cancelled | shutdown
+
+    def abort(self, reason: str) -> None:
+        if self.abort_reason is None and not self.task.done():
+            self.abort_reason = reason
+            self.task.cancel()
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: ExecutorClient,
+        runners: Mapping[str, Runner],
+        policy: OwnerPolicy,
+        machine: Hardware,
+        models: list[str],
+        *,
+        keep_awake: Callable[[], AbstractAsyncContextManager[None]] = awake.keep_awake,
+        policy_poll_s: float = 1.0,
+        idle_poll_s: float = 5.0,
+        hand_back_timeout_s: float = 5.0,
+    ) -> None:
+        self._config = config
+        self._client = client
+        self._runners = runners
+        self._policy = policy
+        self._hardware = machine
+        self._models = models
+        self._keep_awake = keep_awake
+        self._policy_poll_s = policy_poll_s
+        self._idle_poll_s = idle_poll_s
+        self._hand_back_timeout_s = hand_back_timeout_s
+        self._registration: Registration | None = None
+        self._jobs: dict[str, _Job] = {}
+        self.completed = 0  # subtasks committed by this process, for logs and tests
+
+    @property
+    def registration(self) -> Registration:
+        if self._registration is None:
+            raise RuntimeError("the agent has not registered yet")
+        return self._registration
+
+    def held_leases(self) -> list[str]:
+        return list(self._jobs)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until cancelled (or a fatal error); then hand back held work and deregister."""
+        await self.register()
+        print(
+            describe(self._config, list(self._runners), self._hardware, self._models, self.registration),
+            flush=True,
+        )
+        work = asyncio.create_task(self._work_loop(), name="work")
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        try:
+            done, _ = await asyncio.wait({work, heartbeat}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # a fatal error (a refused token) ends the agent
+        finally:
+            for task in (work, heartbeat):
+                task.cancel()
+            await asyncio.wait({work, heartbeat})  # work hands its lease back while it stops
+            await self._deregister()
+
+    async def register(self) -> Registration:
+        payload = {
+            "name": self._config.name,
+            "hardware": self._hardware.to_json(),
+            "kinds": list(self._runners),
+            "models": self._models,
+            "preferences": [p.to_json() for p in self._config.preferences],
+        }
+        self._registration = await self._client.register(payload)
+        log.info("registered", executor_id=self._registration.executor_id, name=self._config.name)
+        return self._registration
+
+    async def _deregister(self) -> None:
+        if self._registration is None:
+            return
+        try:
+            await asyncio.wait_for(self._client.deregister(self._registration.executor_id), self._hand_back_timeout_s)
+            log.info("deregistered", executor_id=self._registration.executor_id)
+        except (ClientError, TimeoutError) as exc:
+            # The watchdog reclaims whatever the server still thinks we hold.
+            log.warning("deregister_failed", error=str(exc) or type(exc).__name__)
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _work_loop(self) -> None:
+        while True:
+            await self._policy.wait_until_available(self._idle_poll_s)
+            registration = self.registration
+            try:
+                claim = await self._client.claim(registration.executor_id, registration.long_poll_s)
+            except (NotFound, Conflict) as exc:
+                # The server forgot this executor (reset) or marked it offline: register again.
+                log.warning("executor_unknown", error=str(exc))
+                await asyncio.sleep(1)
+                await self.register()
+                continue
+            except (Rejected, ProtocolError) as exc:
+                log.error("claim_failed", error=str(exc))
+                await asyncio.sleep(5)
+                continue
+            if claim is not None:
+                await self._serve(claim)
+
+    async def _serve(self, claim: Claim) -> None:
+        label = claim.subtask.label
+        job = _Job(claim, asyncio.create_task(self._execute(claim), name=f"subtask {label}"))
+        self._jobs[claim.token] = job
+        watcher = asyncio.create_task(self._watch_owner(job), name="owner-watch")
+        try:
+            async with self._keep_awake():
+                await asyncio.wait({job.task})
+        except asyncio.CancelledError:
+            job.abort("shutdown")
+            await asyncio.wait({job.task})
+            await self._hand_back(claim, "shutdown")
+            raise
+        finally:
+            watcher.cancel()
+            self._jobs.pop(claim.token, None)
+        await self._settle(job)
+
+    async def _settle(self, job: _Job) -> None:
+        label = job.claim.subtask.label
+        if job.task.cancelled():
+            if job.abort_reason == "owner":
+                await self._hand_back(job.claim, "owner")
+            else:
+                log.info("subtask_dropped", subtask=label, reason=job.abort_reason)
+            return
+        exc = job.task.exception()
+        if isinstance(exc, AuthError):
+            raise exc
+        if exc is not None:
+            log.error("subtask_crashed", subtask=label, error=repr(exc))
+
+    async def _hand_back(self, claim: Claim, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self._client.release(claim.token), self._hand_back_timeout_s)
+            log.info("subtask_released", subtask=claim.subtask.label, reason=reason)
+        except Conflict:
+            log.info("subtask_already_gone", subtask=claim.subtask.label, reason=reason)
+        except (ClientError, TimeoutError) as exc:
+            log.warning("release_failed", subtask=claim.subtask.label, error=str(exc) or type(exc).__name__)
+
+    # -- one subtask --------------------------------------------------------------------------
+
+    async def _execute(self, claim: Claim) -> None:
+        sub = claim.subtask
+        started = time.monotonic()
+        log.info("subtask_started", subtask=sub.label, kind=sub.kind, model=sub.model, records=sub.input.records)
+        try:
+            runner = self._runners.get(sub.kind)
+            if runner is None:
+                raise PermanentError(f"this executor does not serve kind {sub.kind!r}")
+            records = parse_records(await self._client.download(sub.input), sub.input.records)
+            outputs = await runner.run(sub, records)
+            await self._client.upload(sub.output_url, encode_outputs(records, outputs))
+        except AuthError:
+            raise
+        except (RunnerError, RecordsError) as exc:
+            await self._fail(claim, str(exc), retryable=isinstance(exc, RunnerError) and exc.retryable)
+        except StorageError as exc:
+            await self._fail(claim, str(exc), retryable=True)
+        except Exception as exc:  # a crash in a runner (out of memory, a torch error): try elsewhere
+            log.exception("runner_error", subtask=sub.label)
+            await self._fail(claim, f"{type(exc).__name__}: {exc}", retryable=True)
+        else:
+            await self._complete(claim, len(records), time.monotonic() - started)
+
+    async def _complete(self, claim: Claim, records: int, seconds: float) -> None:
+        try:
+            await self._client.complete(claim.token, records, seconds)
+        except Rejected as exc:
+            # 409 lease_lost: the subtask was reclaimed meanwhile; our output is ignored (fencing).
+            log.warning("complete_refused", subtask=claim.subtask.label, error=str(exc))
+            return
+        self.completed += 1
+        log.info("subtask_completed", subtask=claim.subtask.label, records=records, seconds=round(seconds, 3))
+
+    async def _fail(self, claim: Claim, error: str, retryable: bool) -> None:
+        log.warning("subtask_failed", subtask=claim.subtask.label, error=error, retryable=retryable)
+        try:
+            await self._client.fail(claim.token, error[:MAX_ERROR_CHARS], retryable)
+        except Rejected as exc:
+            log.warning("fail_refused", subtask=claim.subtask.label, error=str(exc))
+
+    # -- watchers -----------------------------------------------------------------------------
+
+    async def _watch_owner(self, job: _Job) -> None:
+        while True:
+            await asyncio.sleep(self._policy_poll_s)
+            verdict = await self._policy.check()
+            if not verdict.available:
+                log.info("owner_needs_machine", subtask=job.claim.subtask.label, reason=verdict.reason)
+                job.abort("owner")
+                return
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.registration.heartbeat_interval_s)
+            tokens = self.held_leases()
+            try:
+                states = await self._client.heartbeat(self.registration.executor_id, tokens)
+            except Conflict as exc:
+                states = dict.fromkeys(tokens, "lost")
+                log.warning("heartbeat_refused", error=str(exc))
+            except Rejected as exc:
+                log.warning("heartbeat_refused", error=str(exc))
+                continue
+            for token, state in states.items():
+                job = self._jobs.get(token)
+                if job is not None and state != "ok":
+                    log.info("lease_gone", subtask=job.claim.subtask.label, state=state)
+                    job.abort(state)
+
+
+def describe(
+    config: AgentConfig, kinds: list[str], machine: Hardware, models: list[str], registration: Registration
+) -> str:
+    """What the agent tells its owner at start: who it is and what it will serve."""
+    prefs = ", ".join(str(p) for p in config.preferences) or "none (global FIFO queue)"
+    device = f"{machine.device} ({machine.chip}, {machine.memory_gb} GB, {machine.cpu_count} CPUs, {machine.os})"
+    every = f"every {registration.heartbeat_interval_s:g} s, long poll {registration.long_poll_s:g} s"
+    return "\n".join(
+        [
+            f"minions agent {config.name!r} registered as {registration.executor_id} at {config.api_url}",
+            f"  kinds:       {', '.join(kinds)}",
+            f"  models:      {', '.join(models) or 'none'}",
+            f"  preferences: {prefs}",
+            f"  device:      {device}",
+            f"  policy:      {config.policy.describe()}",
+            f"  heartbeat:   {every}",
+        ]
+    )
+
+
+async def discover_models(config: AgentConfig, runners: Mapping[str, Runner]) -> list[str]:
+    """The configured models plus those the runners find locally, without duplicates."""
+    found = await asyncio.gather(*(r.advertised_models() for r in runners.values()))
+    return list(dict.fromkeys([*config.models, *(m for models in found for m in models)]))
+
+
+async def serve(config: AgentConfig) -> int:
+    """Run an agent until SIGINT/SIGTERM (exit 0) or a refused token (exit 78)."""
+    main = asyncio.current_task()
+    assert main is not None
+    # Handlers first: a SIGTERM during the (seconds-long) torch probe must still exit cleanly.
+    stopping = _install_signal_handlers(main)
+    runners: dict[str, Runner] = {}
+    try:
+        machine = await asyncio.to_thread(hardware.detect, config.device, uses_torch(config))
+        runners = build_runners(config, machine.device)
+        models = await discover_models(config, runners)
+        async with ExecutorClient(config.api_url, config.token) as client:
+            agent = Agent(config, client, runners, OwnerPolicy(config.policy), machine, models)
+            await agent.run()
+        return EXIT_OK
+    except asyncio.CancelledError:
+        if not stopping():
+            raise
+        main.uncancel()
+        log.info("agent_stopped")
+        return EXIT_OK
+    except AuthError as exc:
+        print(f"minions agent: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except Rejected as exc:
+        # Only registration lets a 4xx escape (e.g. 422: a preference outside the token's team);
+        # restarting cannot fix the configuration, so this is a configuration exit too.
+        print(f"minions agent: the API rejected this agent's registration: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    finally:
+        _remove_signal_handlers()
+        await asyncio.gather(*(r.aclose() for r in runners.values()), return_exceptions=True)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _install_signal_handlers(main: asyncio.Task[Any]) -> Callable[[], bool]:
+    """The first SIGINT/SIGTERM cancels the main task (which hands work back and deregisters);
+    later ones are ignored so the clean-up is not cut short."""
+    state = {"stopping": False}
+
+    def on_signal(name: str) -> None:
+        if state["stopping"]:
+            log.info("agent_already_stopping", signal=name)
+            return
+        state["stopping"] = True
+        log.info("agent_stopping", signal=name)
+        main.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in _SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    return lambda: state["stopping"]
+
+
+def _remove_signal_handlers() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in _SIGNALS:
+        loop.remove_signal_handler(sig)

@@ -1,0 +1,247 @@
+"""HTTP client of the executor protocol (API.md), and of the presigned object-store URLs.
+
+Transient trouble (connection refused or reset, timeouts, 429, 5xx) is retried forever with
+capped exponential backoff: an agent on a laptop outlives server restarts and Wi-Fi changes and
+never crashes over them. Answers that retrying cannot fix become exceptions: 401/403 is fatal
+(`AuthError`), 409 means a lease or executor is gone (`Conflict`), other 4xx (`Rejected`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import yarl
+
+from agents.macos.protocol import Claim, InputRef, Registration, parse_claim, parse_registration
+from minions import jsoncodec
+from minions.backoff import Backoff
+from minions.logging import get_logger
+
+log = get_logger(__name__)
+
+_TRANSIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_API_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=10)
+# Input ranges and outputs can be many MB on a slow link: bound silence, not total time.
+_STORE_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
+# A long-poll claim legitimately stays silent for `wait` seconds; allow this much on top.
+_CLAIM_GRACE_S = 30.0
+
+
+class ClientError(Exception):
+    """Base of the errors this client raises."""
+
+
+class AuthError(ClientError):
+    """The server refused the token (401) or its role (403): fatal, retrying cannot help."""
+
+
+class Rejected(ClientError):
+    """A 4xx answer other than 401/403: the request itself is wrong or its object is gone."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Conflict(Rejected):
+    """409: the lease is no longer current (or the executor deregistered); drop the work."""
+
+
+class NotFound(Rejected):
+    """404: e.g. the executor row is gone (a reset server); the agent registers again."""
+
+
+class StorageError(ClientError):
+    """The object store refused a presigned URL (expired, forbidden, missing)."""
+
+
+class ExecutorClient:
+    """One agent's connection to the API; use as `async with ExecutorClient(...) as client`."""
+
+    def __init__(self, api_url: str, token: str, *, backoff: Backoff | None = None) -> None:
+        self._base = api_url.rstrip("/") + "/api/v1"
+        # The bearer token goes to the API only, never to the object store (invariant 5, and S3
+        # rejects a presigned request that carries a second Authorization).
+        self._auth = {"Authorization": f"Bearer {token}"}
+        self._backoff = backoff or Backoff(first_s=0.5, max_s=30.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> ExecutorClient:
+        self._session = aiohttp.ClientSession(raise_for_status=False)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("ExecutorClient used outside `async with`")
+        return self._session
+
+    # -- the executor protocol -------------------------------------------------------------
+
+    async def register(self, payload: dict[str, Any]) -> Registration:
+        _, body = await self._api("POST", "/executors/register", payload)
+        return parse_registration(body)
+
+    async def claim(self, executor_id: str, wait_s: float) -> Claim | None:
+        """A lease, or None when nothing came within `wait_s` (204)."""
+        timeout = aiohttp.ClientTimeout(total=wait_s + _CLAIM_GRACE_S, sock_connect=10)
+        status, body = await self._api(
+            "POST",
+            f"/executors/{executor_id}/claim",
+            None,
+            params={"wait": f"{wait_s:g}"},
+            client_timeout=timeout,
+        )
+        return None if status == 204 else parse_claim(body)
+
+    async def heartbeat(self, executor_id: str, tokens: list[str]) -> dict[str, str]:
+        """The state of each held lease: ok, lost or cancelled."""
+        _, body = await self._api("POST", f"/executors/{executor_id}/heartbeat", {"leases": tokens})
+        states = body.get("leases", {}) if isinstance(body, dict) else {}
+        return {token: str(states.get(token, "lost")) for token in tokens}
+
+    async def complete(self, token: str, records: int, seconds: float) -> None:
+        await self._api("POST", f"/leases/{token}/complete", {"records": records, "seconds": round(seconds, 3)})
+
+    async def fail(self, token: str, error: str, retryable: bool) -> None:
+        await self._api("POST", f"/leases/{token}/fail", {"error": error, "retryable": retryable})
+
+    async def release(self, token: str) -> None:
+        await self._api("POST", f"/leases/{token}/release", None)
+
+    async def deregister(self, executor_id: str) -> None:
+        await self._api("POST", f"/executors/{executor_id}/deregister", None)
+
+    # -- the object store, through presigned URLs ------------------------------------------
+
+    async def download(self, ref: InputRef) -> bytes:
+        """The bytes [start, end) of the input object."""
+        size = ref.end - ref.start
+        if size <= 0:
+            return b""
+        headers = {"Range": f"bytes={ref.start}-{ref.end - 1}"}
+        attempt = 0
+        while True:
+            status, body = await self._store_request("GET", ref.url, headers=headers, attempt=attempt)
+            if status == 200:
+                body = body[ref.start : ref.end]  # a store that ignores Range sends the whole object
+            if status in (200, 206) and len(body) == size:
+                return body
+            if status in (200, 206):
+                reason = f"short body: {len(body)} of {size} bytes"
+            else:
+                reason = f"HTTP {status}"
+            attempt = await self._pause("store_retry", "GET", reason, attempt)
+
+    async def upload(self, url: str, body: bytes) -> None:
+        """One PUT of the whole output object."""
+        await self._store_request("PUT", url, data=body, attempt=0)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _api(
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None,
+        *,
+        params: dict[str, str] | None = None,
+        client_timeout: aiohttp.ClientTimeout = _API_TIMEOUT,
+    ) -> tuple[int, Any]:
+        url = self._base + path
+        headers = dict(self._auth)
+        data: bytes | None = None
+        if payload is not None:
+            data = jsoncodec.dumps(payload)
+            headers["Content-Type"] = "application/json"
+        attempt = 0
+        while True:
+            try:
+                async with self.session.request(
+                    method, url, data=data, headers=headers, params=params, timeout=client_timeout
+                ) as response:
+                    status, raw = response.status, await response.read()
+            except _TRANSIENT_ERRORS as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                if status < 500 and status != 429:
+                    return status, _answer(status, raw, method, path)
+                reason = f"HTTP {status}"
+            attempt = await self._pause("api_retry", f"{method} {path}", reason, attempt)
+
+    async def _store_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        attempt: int,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+    ) -> tuple[int, bytes]:
+        # Presigned URLs are already percent-encoded; yarl must not encode them again (it would
+        # turn %2F in the signature into %252F and break it).
+        target = yarl.URL(url, encoded=True)
+        while True:
+            try:
+                async with self.session.request(
+                    method, target, headers=headers, data=data, timeout=_STORE_TIMEOUT
+                ) as response:
+                    status, raw = response.status, await response.read()
+            except _TRANSIENT_ERRORS as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                if 200 <= status < 300:
+                    return status, raw
+                if status < 500 and status != 429:
+                    raise StorageError(f"object store answered HTTP {status} to {method}: {_snippet(raw)}")
+                reason = f"HTTP {status}"
+            attempt = await self._pause("store_retry", method, reason, attempt)
+
+    async def _pause(self, event: str, what: str, reason: str, attempt: int) -> int:
+        delay = self._backoff.delay(attempt)
+        log.warning(event, request=what, reason=reason, attempt=attempt + 1, retry_in_s=round(delay, 2))
+        await asyncio.sleep(delay)
+        return attempt + 1
+
+
+def _answer(status: int, raw: bytes, method: str, path: str) -> Any:
+    """The decoded body of a 2xx answer, or the exception a 4xx answer stands for."""
+    if 200 <= status < 300:
+        return jsoncodec.loads(raw) if raw.strip() else None
+    code, message = _error_fields(raw)
+    if status in (401, 403):
+        raise AuthError(
+            f"the API refused this agent's token on {method} {path} (HTTP {status} {code}: {message}); "
+            "check MINIONS_TOKEN / --token: it must be an executor (or admin) token, e.g. from "
+            "`minions token create --role executor`"
+        )
+    if status == 409:
+        raise Conflict(status, code, message)
+    if status == 404:
+        raise NotFound(status, code, message)
+    raise Rejected(status, code, message)
+
+
+def _error_fields(raw: bytes) -> tuple[str, str]:
+    try:
+        error = jsoncodec.loads(raw)["error"]
+        return str(error.get("code", "error")), str(error.get("message", ""))
+    except (jsoncodec.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "error", _snippet(raw)
+
+
+def _snippet(raw: bytes, limit: int = 300) -> str:
+    return raw[:limit].decode("utf-8", "replace")

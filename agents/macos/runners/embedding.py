@@ -1,0 +1,145 @@
+"""The `embedding` kind: transformers encoder, mean (or CLS) pooling, L2 normalisation.
+
+Matches sentence-transformers' `encode(normalize_embeddings=True)` for mean-pooling models, and is
+faster than a plain loop because texts are sorted by length (batches carry little padding).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from agents.macos.protocol import Subtask
+from agents.macos.runners import model_paths, torch_setup
+from agents.macos.runners.base import (
+    InferenceThread,
+    PermanentError,
+    Record,
+    RunnerError,
+    check_stop,
+    require_model,
+    string_field,
+)
+from agents.macos.runners.torch_setup import TorchSettings
+from minions.logging import get_logger
+
+log = get_logger(__name__)
+POOLINGS = ("mean", "cls")
+
+
+@dataclass(frozen=True)
+class EmbeddingParams:
+    normalize: bool = True
+    pooling: str = "mean"
+    max_length: int = 256
+    batch_size: int = 64
+
+    @classmethod
+    def parse(cls, params: dict[str, Any]) -> EmbeddingParams:
+        p = cls(
+            normalize=params.get("normalize", cls.normalize),
+            pooling=params.get("pooling", cls.pooling),
+            max_length=params.get("max_length", cls.max_length),
+            batch_size=params.get("batch_size", cls.batch_size),
+        )
+        if not isinstance(p.normalize, bool):
+            raise PermanentError("params.normalize must be true or false")
+        if p.pooling not in POOLINGS:
+            raise PermanentError(f"params.pooling must be one of {', '.join(POOLINGS)}")
+        for name in ("max_length", "batch_size"):
+            value = getattr(p, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PermanentError(f"params.{name} must be an integer >= 1")
+        return p
+
+
+@dataclass
+class _Loaded:
+    name: str
+    tokenizer: Any
+    model: Any
+    inputs: frozenset[str]  # the tokenizer outputs the model's forward accepts
+
+
+class EmbeddingRunner:
+    kind = "embedding"
+
+    def __init__(self, settings: TorchSettings) -> None:
+        self._settings = settings
+        self._thread = InferenceThread("embedding")
+        # One model stays loaded across subtasks; a subtask of another model replaces it (owners'
+        # memory matters more than the load time of a second model).
+        self._loaded: _Loaded | None = None
+
+    async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
+        model = require_model(subtask)
+        params = EmbeddingParams.parse(subtask.params)
+        texts = [string_field(r, "text") for r in records]
+        vectors = await self._thread.call(lambda stop: self.encode(model, texts, params, stop))
+        return [{"id": r["id"], "embedding": v} for r, v in zip(records, vectors, strict=True)]
+
+    async def advertised_models(self) -> list[str]:
+        return [model_paths.MINILM] if model_paths.bundled_minilm_available() else []
+
+    async def aclose(self) -> None:
+        self._thread.shutdown()
+
+    def encode(
+        self, model_name: str, texts: list[str], params: EmbeddingParams, stop: threading.Event | None = None
+    ) -> list[list[float]]:
+        """Vectors for `texts`, in their order. Blocking: call it on the worker thread."""
+        torch = torch_setup.prepare(self._settings)
+        loaded = self._load(model_name)
+        # Longest first: batches of similar length waste little on padding, and the biggest
+        # batch comes first, so running out of memory shows at once.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        vectors: list[list[float]] = [[] for _ in texts]
+        with torch.inference_mode():
+            for start in range(0, len(order), params.batch_size):
+                check_stop(stop)
+                batch = order[start : start + params.batch_size]
+                pooled = self._embed_batch(torch, loaded, [texts[i] for i in batch], params)
+                for i, row in zip(batch, pooled.tolist(), strict=True):
+                    vectors[i] = row
+        return vectors
+
+    def _embed_batch(self, torch: Any, loaded: _Loaded, texts: list[str], params: EmbeddingParams) -> Any:
+        encoded = loaded.tokenizer(
+            texts, padding=True, truncation=True, max_length=params.max_length, return_tensors="pt"
+        )
+        inputs = {k: v.to(self._settings.device) for k, v in encoded.items() if k in loaded.inputs}
+        hidden = loaded.model(**inputs)[0].float()  # pool in fp32 even when the model runs fp16
+        if params.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        if params.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.cpu()
+
+    def _load(self, name: str) -> _Loaded:
+        if self._loaded is not None and self._loaded.name == name:
+            return self._loaded
+        if self._loaded is not None:
+            self._loaded = None
+            torch_setup.free_memory(self._settings.device)
+        from transformers import AutoModel, AutoTokenizer
+
+        path = model_paths.resolve(name)
+        device = self._settings.device
+        log.info("embedding_model_loading", model=name, path=path, device=device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model: Any = AutoModel.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            # ValueError: a malformed id or a model transformers cannot run; neither gets better.
+            if isinstance(exc, ValueError) or model_paths.is_missing_model_error(exc):
+                raise PermanentError(f"unknown embedding model {name!r}: {exc}") from exc
+            raise RunnerError(f"cannot load embedding model {name!r}: {exc}") from exc
+        model = torch_setup.place(model, device)
+        accepted = frozenset(inspect.signature(model.forward).parameters)
+        self._loaded = _Loaded(name, tokenizer, model, accepted)
+        return self._loaded

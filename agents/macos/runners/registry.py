@@ -1,0 +1,34 @@
+"""Builds the runners for the kinds an agent serves, importing only what those kinds need."""
+
+from __future__ import annotations
+
+from agents.macos.config import AgentConfig
+from agents.macos.runners.base import Runner
+from agents.macos.runners.torch_setup import TorchSettings
+
+
+def uses_torch(config: AgentConfig) -> bool:
+    return "embedding" in config.kinds or ("completion" in config.kinds and config.completion_backend == "transformers")
+
+
+def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
+    torch_settings = TorchSettings(
+        device=device, threads=config.threads, mps_memory_fraction=config.mps_memory_fraction
+    )
+    runners: dict[str, Runner] = {}
+    if "sleep" in config.kinds:
+        from agents.macos.runners.sleep import SleepRunner
+
+        runners["sleep"] = SleepRunner()
+    if "embedding" in config.kinds:
+        from agents.macos.runners.embedding import EmbeddingRunner
+
+        runners["embedding"] = EmbeddingRunner(torch_settings)
+    if "completion" in config.kinds:
+        from agents.macos.runners import completion
+
+        if config.completion_backend == "transformers":
+            runners["completion"] = completion.TransformersCompletionRunner(torch_settings)
+        else:
+            runners["completion"] = completion.OllamaCompletionRunner(config.ollama_host, config.allow_pull)
+    return runners

@@ -1,0 +1,22 @@
+"""Small builders for protocol values in tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.macos.protocol import InputRef, Subtask
+
+
+def subtask(kind: str, model: str | None = None, params: dict[str, Any] | None = None, records: int = 1) -> Subtask:
+    return Subtask(
+        team="search",
+        project="ranker",
+        task_name="t1",
+        subtask_id=0,
+        attempt=1,
+        kind=kind,
+        model=model,
+        params=params or {},
+        input=InputRef(url="http://store.invalid/in", start=0, end=1, records=records),
+        output_url="http://store.invalid/out",
+    )

@@ -1,0 +1,197 @@
+"""Completion runners: Ollama through the real `ollama` client against OllamaDouble, and the
+transformers backend directly on a tiny random-weight LM."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import ollama
+import pytest
+import pytest_asyncio
+
+from agents.macos.runners.base import Interrupted, PermanentError, RunnerError
+from agents.macos.runners.completion import (
+    CompletionParams,
+    OllamaCompletionRunner,
+    TransformersCompletionRunner,
+    build_prompt,
+)
+from agents.macos.runners.torch_setup import TorchSettings
+from tests.agent.factories import subtask
+from tests.agent.local_http import free_port
+from tests.agent.ollama_double import OllamaDouble
+
+RECORDS: list[dict[str, Any]] = [
+    {"id": "p1", "prompt": "Why do idle laptops make a good cloud?"},
+    {"id": "m1", "messages": [{"role": "user", "content": "What is a lease token?"}]},
+    {"id": 3, "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]},
+]
+
+
+@pytest_asyncio.fixture(scope="module")
+async def double(tiny_lm_dirs: dict[str, Path]) -> AsyncIterator[OllamaDouble]:
+    server = OllamaDouble(tiny_lm_dirs["plain"], models=["tiny:latest", "llama3.2:1b"], pullable=["tiny:pulled"])
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_ollama_runner_advertises_local_models(double: OllamaDouble) -> None:
+    runner = OllamaCompletionRunner(double.url)
+    assert await runner.advertised_models() == ["tiny:latest", "llama3.2:1b", "tiny"]
+    out = await runner.run(subtask("completion", "tiny", {"max_tokens": 2}), RECORDS[:1])
+    assert out[0]["usage"]["completion_tokens"] == 2
+
+
+async def test_ollama_runner_prompt_and_chat(double: OllamaDouble) -> None:
+    double.requests.clear()
+    runner = OllamaCompletionRunner(double.url)
+    params = {"temperature": 0.7, "max_tokens": 6, "seed": 42, "system": "You are a minion."}
+    out = await runner.run(subtask("completion", "tiny:latest", params, 3), RECORDS)
+
+    assert [o["id"] for o in out] == ["p1", "m1", 3]
+    for o in out:
+        assert set(o) == {"id", "text", "usage"} and isinstance(o["text"], str)
+        assert o["usage"]["prompt_tokens"] > 0 and 0 < o["usage"]["completion_tokens"] <= 6
+    paths = [p for p, _ in double.requests]
+    assert paths == ["/api/generate", "/api/chat", "/api/chat"]
+    generate, chat, chat_own_system = (b for _, b in double.requests)
+    assert generate["system"] == "You are a minion." and generate["prompt"] == RECORDS[0]["prompt"]
+    assert generate["stream"] is False and chat["stream"] is False
+    assert generate["options"] == {"temperature": 0.7, "num_predict": 6, "seed": 42}
+    assert chat["messages"][0] == {"role": "system", "content": "You are a minion."}
+    assert chat_own_system["messages"][0] == {"role": "system", "content": "Be terse."}  # its own stays
+
+    again = await runner.run(subtask("completion", "tiny:latest", params, 3), RECORDS)
+    assert again == out  # seeded: the same text twice
+
+
+async def test_double_streams_like_ollama(double: OllamaDouble) -> None:
+    client = ollama.AsyncClient(host=double.url)
+    parts = [
+        p
+        async for p in await client.generate(
+            model="tiny:latest", prompt="Hi", stream=True, options={"num_predict": 4, "temperature": 0}
+        )
+    ]
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    assert parts[-1].eval_count == 4
+
+
+async def test_missing_model_is_permanent_unless_pull_is_allowed(double: OllamaDouble) -> None:
+    no_pull = OllamaCompletionRunner(double.url)
+    with pytest.raises(PermanentError, match="--allow-pull"):
+        await no_pull.run(subtask("completion", "tiny:pulled"), RECORDS[:1])
+    double.requests.clear()
+    puller = OllamaCompletionRunner(double.url, allow_pull=True)
+    out = await puller.run(subtask("completion", "tiny:pulled", {"max_tokens": 3}), RECORDS[:1])
+    assert out[0]["usage"]["completion_tokens"] == 3
+    assert [p for p, _ in double.requests] == ["/api/generate", "/api/pull", "/api/generate"]
+    with pytest.raises(PermanentError, match="could not pull"):
+        await puller.run(subtask("completion", "nope:1b"), RECORDS[:1])
+
+
+async def test_ollama_down_is_retryable() -> None:
+    runner = OllamaCompletionRunner(f"http://127.0.0.1:{free_port()}")
+    assert await runner.advertised_models() == []
+    with pytest.raises(RunnerError) as err:
+        await runner.run(subtask("completion", "tiny:latest"), RECORDS[:1])
+    assert err.value.retryable and "not reachable" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("params", "records"),
+    [
+        ({"temperature": -1}, RECORDS[:1]),
+        ({"max_tokens": "many"}, RECORDS[:1]),
+        ({}, [{"id": 1}]),
+        ({}, [{"id": 1, "messages": []}]),
+        ({}, [{"id": 1, "messages": [{"role": "user"}]}]),
+    ],
+)
+async def test_bad_params_and_records_are_permanent(
+    double: OllamaDouble, params: dict[str, Any], records: list[dict[str, Any]]
+) -> None:
+    with pytest.raises(PermanentError):
+        await OllamaCompletionRunner(double.url).run(subtask("completion", "tiny:latest", params), records)
+
+
+# -- transformers backend ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_runner() -> TransformersCompletionRunner:
+    return TransformersCompletionRunner(TorchSettings(device="cpu", threads=2))
+
+
+async def test_transformers_seeded_sampling_is_reproducible(
+    lm_runner: TransformersCompletionRunner, tiny_lm_dirs: dict[str, Path]
+) -> None:
+    model = str(tiny_lm_dirs["plain"])
+    params = {"temperature": 1.0, "max_tokens": 12, "seed": 7}
+    first = await lm_runner.run(subtask("completion", model, params, 3), RECORDS)
+    second = await lm_runner.run(subtask("completion", model, params, 3), RECORDS)
+    other = await lm_runner.run(subtask("completion", model, {**params, "seed": 8}, 3), RECORDS)
+    assert first == second
+    assert [o["text"] for o in first] != [o["text"] for o in other]
+    assert [o["id"] for o in first] == ["p1", "m1", 3]
+    assert all(0 < o["usage"]["completion_tokens"] <= 12 for o in first)
+
+
+async def test_transformers_usage_counts_tokens(
+    lm_runner: TransformersCompletionRunner, tiny_lm_dirs: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    model = str(tiny_lm_dirs["plain"])
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    out = await lm_runner.run(subtask("completion", model, {"temperature": 0, "max_tokens": 5}), RECORDS[:1])
+    assert out[0]["usage"]["prompt_tokens"] == len(tokenizer(RECORDS[0]["prompt"])["input_ids"])
+    assert out[0]["usage"]["completion_tokens"] <= 5
+    greedy = await lm_runner.run(subtask("completion", model, {"temperature": 0, "max_tokens": 5}), RECORDS[:1])
+    assert greedy == out
+
+
+async def test_transformers_chat_template(
+    lm_runner: TransformersCompletionRunner, tiny_lm_dirs: dict[str, Path]
+) -> None:
+    model = str(tiny_lm_dirs["chat"])
+    out = await lm_runner.run(subtask("completion", model, {"max_tokens": 4, "seed": 1}, 3), RECORDS)
+    assert len(out) == 3 and all(o["usage"]["completion_tokens"] <= 4 for o in out)
+
+
+def test_build_prompt_with_and_without_template(tiny_lm_dirs: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    plain = AutoTokenizer.from_pretrained(tiny_lm_dirs["plain"])
+    chat = AutoTokenizer.from_pretrained(tiny_lm_dirs["chat"])
+    assert build_prompt(plain, {"prompt": "Hello"}, None) == ("Hello", True)
+    assert build_prompt(plain, {"prompt": "Hello"}, "Sys") == ("Sys\n\nHello", True)
+    assert build_prompt(plain, RECORDS[1], "Sys") == ("system: Sys\nuser: What is a lease token?\nassistant:", True)
+    assert build_prompt(chat, RECORDS[1], None) == ("<|user|>What is a lease token?\n<|assistant|>", False)
+    assert build_prompt(chat, {"prompt": "Hello"}, "Sys") == ("<|system|>Sys\n<|user|>Hello\n<|assistant|>", False)
+
+
+async def test_transformers_generation_stops_when_asked(
+    lm_runner: TransformersCompletionRunner, tiny_lm_dirs: dict[str, Path]
+) -> None:
+    model = str(tiny_lm_dirs["plain"])
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Interrupted):
+        await asyncio.to_thread(lm_runner.generate, model, RECORDS, CompletionParams(max_tokens=4), stop)
+    long = [{"id": i, "prompt": "Tell me everything."} for i in range(50)]
+    task = asyncio.create_task(lm_runner.run(subtask("completion", model, {"max_tokens": 500}, 50), long))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+
+
+async def test_transformers_unknown_model_is_permanent(lm_runner: TransformersCompletionRunner) -> None:
+    with pytest.raises(PermanentError, match="unknown completion model"):
+        await lm_runner.run(subtask("completion", "/no/such/model"), RECORDS[:1])

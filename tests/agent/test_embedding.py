@@ -1,0 +1,139 @@
+"""The embedding runner equals sentence-transformers, record by record, in input order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from agents.macos.runners.base import Interrupted, PermanentError
+from agents.macos.runners.embedding import EmbeddingParams, EmbeddingRunner
+from agents.macos.runners.torch_setup import TorchSettings
+from tests.agent.factories import subtask
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+_VARIED = [
+    "A cat sits on the mat.",
+    "Machine learning models turn text into vectors.",
+    "",
+    "   leading and trailing spaces   ",
+    "UPPERCASE SHOUTING TEXT!!!",
+    "Numbers 1234567890 and symbols #$%&*()",
+    "Emoji are tokens too 🚀🔥✨",
+    "Ünïcödé àccents, naïve café, façade.",
+    "日本語のテキストも埋め込みます。",
+    "Русский текст тоже работает.",
+    "مرحبا بالعالم",
+    "a",
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b",
+    "SELECT * FROM minion_subtask_acquirement WHERE team = 'search';",
+    "https://example.com/path?query=1&other=2",
+    "Tabs\tand\nnewlines\r\nmixed in.",
+    "Repeated repeated repeated repeated words words words.",
+    # A text far past max_length (256 tokens): both sides truncate.
+    " ".join(f"word{i} is part of a very long document about idle Macs and batch inference" for i in range(300)),
+]
+_SIMILAR = [
+    f"Sentence number {i} talks about {topic} in {style} style."
+    for i, (topic, style) in enumerate(
+        [
+            (t, s)
+            for t in ("embeddings", "leases", "heartbeats", "GPUs", "owners", "queues", "Postgres", "S3")
+            for s in ("plain", "formal", "casual", "terse")
+        ]
+    )
+][:31]
+TEXTS = [*_VARIED, *_SIMILAR]
+
+
+@pytest.fixture(scope="module")
+def runner() -> EmbeddingRunner:
+    return EmbeddingRunner(TorchSettings(device="cpu", threads=2))
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_path: str) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(minilm_path, device="cpu")
+    return np.asarray(model.encode(TEXTS, normalize_embeddings=True, batch_size=16))
+
+
+def records() -> list[dict[str, object]]:
+    return [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)]
+
+
+async def test_vectors_equal_sentence_transformers(runner: EmbeddingRunner, reference: np.ndarray) -> None:
+    assert len(TEXTS) == 50
+    # A small batch size: several batches, sorted by length, must come back in input order.
+    out = await runner.run(subtask("embedding", MODEL, {"batch_size": 7}, len(TEXTS)), records())
+    assert [o["id"] for o in out] == [f"r{i}" for i in range(len(TEXTS))]
+    got = np.asarray([o["embedding"] for o in out])
+    assert got.shape == reference.shape == (50, 384)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cosine = np.sum(got * reference, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.9999, (cosine.argmin(), cosine.min())
+
+
+async def test_model_stays_loaded_and_params_apply(runner: EmbeddingRunner, reference: np.ndarray) -> None:
+    texts = TEXTS[:5]
+    recs = [{"id": i, "text": t} for i, t in enumerate(texts)]
+    raw = await runner.run(subtask("embedding", "all-MiniLM-L6-v2", {"normalize": False}, 5), recs)
+    loaded = runner._loaded
+    cls = await runner.run(subtask("embedding", "all-MiniLM-L6-v2", {"pooling": "cls"}, 5), recs)
+    assert runner._loaded is loaded  # same model, no reload between subtasks
+    vectors = np.asarray([o["embedding"] for o in raw])
+    norms = np.linalg.norm(vectors, axis=1)
+    assert not np.allclose(norms, 1.0)
+    assert np.allclose(vectors / norms[:, None], reference[:5], atol=1e-4)  # same direction as normalised
+    cls_vectors = np.asarray([o["embedding"] for o in cls])
+    assert np.allclose(np.linalg.norm(cls_vectors, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(cls_vectors, reference[:5], atol=1e-2)
+
+
+async def test_max_length_truncates(runner: EmbeddingRunner) -> None:
+    long_text = _VARIED[-1]
+    head = " ".join(long_text.split()[:3])
+    recs = [{"id": 0, "text": long_text}, {"id": 1, "text": head}]
+    out = await runner.run(subtask("embedding", MODEL, {"max_length": 5}, 2), recs)
+    # With 5 tokens ([CLS] + 3 word pieces + [SEP]) both texts are the same input.
+    a, b = (np.asarray(o["embedding"]) for o in out)
+    assert float(a @ b) > 0.9999
+
+
+@pytest.mark.parametrize("params", [{"pooling": "max"}, {"batch_size": 0}, {"max_length": "256"}, {"normalize": "yes"}])
+async def test_bad_params_are_permanent(runner: EmbeddingRunner, params: dict[str, object]) -> None:
+    with pytest.raises(PermanentError):
+        await runner.run(subtask("embedding", MODEL, params), [{"id": 1, "text": "x"}])
+
+
+async def test_bad_records_and_unknown_model_are_permanent(runner: EmbeddingRunner) -> None:
+    with pytest.raises(PermanentError, match="text"):
+        await runner.run(subtask("embedding", MODEL), [{"id": 1, "text": 5}])
+    with pytest.raises(PermanentError, match="unknown embedding model"):
+        await runner.run(subtask("embedding", "/nonexistent/model/dir"), [{"id": 1, "text": "x"}])
+    with pytest.raises(PermanentError, match="needs a model"):
+        await runner.run(subtask("embedding", None), [{"id": 1, "text": "x"}])
+
+
+async def test_encode_stops_between_batches(runner: EmbeddingRunner) -> None:
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Interrupted):
+        await asyncio.to_thread(runner.encode, MODEL, TEXTS, EmbeddingParams(), stop)
+
+
+async def test_cancel_waits_for_the_worker_thread_to_stop(runner: EmbeddingRunner) -> None:
+    many = [{"id": i, "text": TEXTS[i % 18] + f" {i}"} for i in range(3000)]
+    task = asyncio.create_task(runner.run(subtask("embedding", MODEL, {"batch_size": 8}, 3000), many))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    # The worker thread is idle again: the next call runs at once.
+    out = await asyncio.wait_for(runner.run(subtask("embedding", MODEL), [{"id": 1, "text": "ok"}]), 10)
+    assert len(out[0]["embedding"]) == 384
