@@ -327,6 +327,9 @@ DECLARE
 BEGIN
     s := minion_lock_subtask_of(p_token);
     role := minion_token_role(s, p_token);
+    IF role = 'lost' AND s.state = 'done' AND s.lease_token = p_token THEN
+        RETURN 'ok';  -- this very lease committed already: a retried complete is answered the same
+    END IF;
     IF role NOT IN ('primary', 'backup') THEN
         RETURN role;
     END IF;
