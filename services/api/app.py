@@ -19,13 +19,14 @@ from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from services.api.auth import PRINCIPAL, TokenCache, authenticate
 from services.api.claim_waiters import ClaimWaiters
 from services.api.errors import ApiError, error_response
-from services.api.routes import executors, health, leases, tasks
+from services.api.routes import executors, health, leases, task_details, tasks
 from services.api.routes import store as store_routes
+from services.api.routes import web as web_ui
 
 Q = Queries("api")
 log = get_logger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # inline records; larger inputs go through POST /api/v1/inputs
-PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/")
+PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -39,6 +40,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
+    app.router.add_routes(task_details.routes)
+    app.router.add_routes(web_ui.routes)
     store_routes.add_routes(app)
     return app
 
@@ -88,7 +91,9 @@ _TOKENS = TokenCache()
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if not request.path.startswith(PUBLIC_PATHS):
+    # The web UI's page and assets are public (its scripts send the token); "/" exactly, since every
+    # path starts with it.
+    if not (request.path == "/" or request.path.startswith(PUBLIC_PATHS)):
         request[PRINCIPAL] = await authenticate(request, _TOKENS, request.app[POOL])
     return await handler(request)
 

@@ -1,0 +1,69 @@
+"""The web UI: a static single-page app (services/api/web/) served at `/` and `/ui/{path}`.
+
+No build step: the files are served as they are. Both paths are public; the page asks for a token
+and sends it with every API call, like any other client. The index is never cached (it names the
+assets); assets are revalidated with an ETag, so a new release shows at the next load."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+from aiohttp import web
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+routes = web.RouteTableDef()
+
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
+    ".json": "application/json",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".woff2": "font/woff2",
+    ".txt": "text/plain; charset=utf-8",
+}
+# The app fetches only its own origin; nothing from the internet, no inline scripts.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+       "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+       "form-action 'self'")
+SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+def _resolve(relative: str) -> Path | None:
+    """The asset `relative` names inside WEB_DIR, or None (outside it, hidden, unknown type, missing)."""
+    if not relative or any(part.startswith(".") for part in relative.split("/")):
+        return None
+    path = (WEB_DIR / relative).resolve()
+    if not path.is_relative_to(WEB_DIR) or path.suffix not in CONTENT_TYPES or not path.is_file():
+        return None
+    return path
+
+
+async def _serve(request: web.Request, path: Path, cache_control: str,
+                 extra: dict[str, str] | None = None) -> web.Response:
+    body = await asyncio.to_thread(path.read_bytes)
+    etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    headers = {"Cache-Control": cache_control, "ETag": etag, **SECURITY_HEADERS, **(extra or {})}
+    if etag in {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}:
+        return web.Response(status=304, headers=headers)
+    headers["Content-Type"] = CONTENT_TYPES[path.suffix]
+    return web.Response(body=body, headers=headers)
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.Response:
+    return await _serve(request, WEB_DIR / "index.html", "no-cache, no-store, must-revalidate",
+                        {"Content-Security-Policy": CSP})
+
+
+@routes.get("/ui/{path:.+}")
+async def asset(request: web.Request) -> web.Response:
+    path = _resolve(request.match_info["path"])
+    if path is None:
+        raise web.HTTPNotFound(reason="no such UI asset")
+    return await _serve(request, path, "no-cache")

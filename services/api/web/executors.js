@@ -1,0 +1,97 @@
+// #/executors: the machines that pull work, their hardware, what they run now and what they prefer.
+
+import { api } from "./api.js";
+import { clear, emptyState, fmtAgo, fmtDuration, fmtInt, fmtTime, h, pill, secondsSince, stat, taskHref } from "./dom.js";
+
+const ORDER = { busy: 0, idle: 1, online: 1, offline: 2, lost: 3 };
+const FILTERS = [["", "All"], ["busy", "Busy"], ["idle", "Idle"], ["offline", "Offline"], ["lost", "Lost"]];
+
+export function executorsView(ctx) {
+  let filter = ctx.params.get("status") || "";
+  const statsEl = h("div.stats");
+  const tableHost = h("div.card.table-card", h("div.loading", "Loading executors…"));
+  const segmented = h("div.segmented", { role: "tablist", "aria-label": "Filter by status" },
+    FILTERS.map(([value, label]) => h("button", {
+      type: "button", role: "tab", dataset: { status: value }, "aria-selected": String(filter === value),
+      onclick: () => {
+        filter = value;
+        for (const b of segmented.children) b.setAttribute("aria-selected", String(b.dataset.status === filter));
+        history.replaceState(null, "", `#/executors${filter ? `?status=${filter}` : ""}`);
+        ctx.refreshNow();
+      },
+    }, label)));
+
+  const el = h("section.page",
+    h("div.page-head",
+      h("div", h("h1", "Executors"),
+        h("p.page-sub", "Machines that pull subtasks when they are idle. Each one runs the agent with an executor token."))),
+    statsEl,
+    h("div.toolbar", segmented),
+    tableHost);
+
+  async function refresh(signal) {
+    const { executors } = await api("/api/v1/executors", { signal });
+    const count = (s) => executors.filter((e) => e.status === s).length;
+    const leases = executors.reduce((n, e) => n + e.current.length, 0);
+    clear(statsEl,
+      stat("Online", fmtInt(count("busy") + count("idle")), `of ${fmtInt(executors.length)} registered`, { tone: "green" }),
+      stat("Busy", fmtInt(count("busy")), `${fmtInt(leases)} subtask${leases === 1 ? "" : "s"} running`, { tone: "blue" }),
+      stat("Idle", fmtInt(count("idle")), "waiting for work"),
+      stat("Offline or lost", fmtInt(count("offline") + count("lost")), `${fmtInt(count("lost"))} lost (work taken back)`,
+        { tone: count("lost") ? "red" : undefined }));
+    const shown = executors.filter((e) => !filter || e.status === filter)
+      .sort((a, b) => (ORDER[a.status] ?? 9) - (ORDER[b.status] ?? 9) || a.name.localeCompare(b.name));
+    if (!shown.length) {
+      clear(tableHost, emptyState(executors.length
+        ? { icon: "⌕", title: `No ${filter} executors`, text: "Every registered executor is in another state." }
+        : {
+          icon: "⌁", title: "No executors yet",
+          text: "Start the agent on a Mac (or any machine) with an executor token: python -m agents.macos. It registers itself and shows up here.",
+        }));
+      return;
+    }
+    clear(tableHost, h("div.table-scroll", h("table.table.executors-table",
+      h("thead", h("tr", h("th", "Executor"), h("th", "Status"), h("th", "Hardware"), h("th", "Runs"),
+        h("th", "Current work"), h("th", "Preferences"), h("th", "Last heartbeat"))),
+      h("tbody", shown.map(row)))));
+  }
+
+  function row(e) {
+    const hw = e.hardware || {};
+    const facts = [hw.os, hw.memory_gb ? `${hw.memory_gb} GB` : null].filter(Boolean);
+    const models = e.models || [];
+    return h("tr", { dataset: { executor: e.name, status: e.status } },
+      h("td.cell-executor",
+        h("div.strong", e.name),
+        h("div.cell-sub.nowrap", e.team ? `team ${e.team}` : "all teams", h("span.dot-sep", "·"),
+          h("span", { title: fmtTime(e.registered_at) }, `joined ${fmtAgo(e.registered_at)}`))),
+      h("td", pill(e.status)),
+      h("td.cell-hw",
+        h("div.nowrap", h("span.strong", hw.chip || "Unknown chip"), hw.device ? h("span.device", hw.device) : null),
+        facts.length ? h("div.cell-sub", facts.join(" · ")) : null),
+      h("td",
+        h("div.chips", (e.kinds || []).map((k) => h("span.kind", { class: `kind-${k}` }, k))),
+        models.length ? h("div.cell-sub.truncate", { title: models.join("\n") },
+          models.length === 1 ? models[0] : `${models[0]} +${models.length - 1} more`) : null),
+      h("td.cell-current", e.current.length
+        ? e.current.map((c) => h("div.current",
+          h("a", { href: taskHref(c) }, `${c.team}/${c.project}/${c.task_name}`),
+          h("div.cell-sub", `subtask ${c.subtask_id} · attempt ${c.attempt} · running ${fmtDuration(secondsSince(c.leased_at))}`)))
+        : h("span.muted", e.status === "idle" ? "waiting for work" : "—")),
+      h("td", (e.preferences || []).length
+        ? h("div.chips", e.preferences.map((p) => h("span.chip.chip-static",
+          [p.team, p.project, p.task_name].filter(Boolean).join(" / "))))
+        : h("span.muted.nowrap", "any work (FIFO)")),
+      h("td", { title: fmtTime(e.last_heartbeat_at) },
+        h("span", { class: heartbeatClass(e) }, fmtAgo(e.last_heartbeat_at))));
+  }
+
+  return { title: "Executors", el, refresh };
+}
+
+function heartbeatClass(e) {
+  const age = secondsSince(e.last_heartbeat_at);
+  if (age === null) return "muted";
+  if (e.status === "lost") return "text-danger";
+  return age < 60 ? "" : "muted";
+}
