@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# \Z, not $: "$" also matches before a trailing newline, which the database then refuses.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
 
 

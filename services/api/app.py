@@ -20,13 +20,14 @@ from services.api.auth import PRINCIPAL, TokenCache, authenticate
 from services.api.claim_waiters import ClaimWaiters
 from services.api.errors import ApiError, error_response
 from services.api.routes import executors, health, leases, task_details, tasks
+from services.api.routes import openapi as openapi_routes
 from services.api.routes import store as store_routes
 from services.api.routes import web as web_ui
 
 Q = Queries("api")
 log = get_logger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # inline records; larger inputs go through POST /api/v1/inputs
-PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/")
+PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/", "/api/openapi.json")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -42,6 +43,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(leases.routes)
     app.router.add_routes(task_details.routes)
     app.router.add_routes(web_ui.routes)
+    app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app)
     return app
 
@@ -114,6 +116,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         log.warning("database_unavailable", path=request.path, error=str(exc))
         return error_response(503, "database_unavailable", "the database is unreachable; retry shortly",
                               headers={"Retry-After": "2"})
+    except asyncpg.exceptions.DataError as exc:
+        # A value the database cannot hold that validation let through: the client's input, not a
+        # crash. Logged, since validation should have caught it.
+        log.warning("database_refused_value", path=request.path, error=str(exc))
+        return error_response(422, "invalid", f"a value cannot be stored: {exc}")
     except asyncpg.PostgresError as exc:
         if isinstance(exc, asyncpg.exceptions.CannotConnectNowError | asyncpg.exceptions.AdminShutdownError):
             return error_response(503, "database_unavailable", "the database is restarting; retry shortly",

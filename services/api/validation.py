@@ -9,6 +9,7 @@ from typing import Any
 from minions import jsoncodec
 from minions.names import NAME, NAME_RULE
 from minions.records import KINDS, check_record
+from services.api.bodies import NUL_RULE, nul_path
 from services.api.errors import invalid
 
 DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
@@ -77,7 +78,7 @@ def validate_task(body: dict[str, Any]) -> TaskRequest:
         params = {}
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
-    elif kind in _PARAMS:
+    elif isinstance(kind, str) and kind in _PARAMS:
         for key, value in params.items():
             check = _PARAMS[kind].get(key)
             if check is None:
@@ -97,6 +98,12 @@ def validate_task(body: dict[str, Any]) -> TaskRequest:
         errors["subtask_size"] = problem
 
     records_jsonl, input_uri = _validate_input(body.get("input"), kind, errors)
+    raw_input = body.get("input")
+    stored = {"model": body.get("model"), "params": body.get("params"),
+              "input.uri": raw_input.get("uri") if isinstance(raw_input, dict) else None}
+    for key, value in stored.items():
+        if key not in errors and (where := nul_path(value, key)) is not None:
+            errors[where] = NUL_RULE
     unknown = set(body) - {"team", "project", "name", "kind", "model", "params", "priority",
                            "subtask_size", "input"}
     for key in sorted(unknown):

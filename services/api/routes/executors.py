@@ -15,7 +15,7 @@ from minions.names import NAME
 from minions.records import KINDS
 from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from services.api.auth import Principal, require
-from services.api.bodies import json_object, path_uuid, query_float
+from services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
 from services.api.errors import ApiError, forbidden, invalid, not_found
 
 Q = Queries("api")
@@ -79,6 +79,9 @@ async def register(request: web.Request) -> web.Response:
     hardware = body.get("hardware", {})
     if not isinstance(hardware, dict):
         errors["hardware"] = "must be an object"
+    for key in ("name", "models"):
+        if key not in errors and (where := nul_path(body.get(key), key)) is not None:
+            errors[where] = NUL_RULE
     kinds = _strings(body.get("kinds"), "kinds", errors)
     if not kinds and "kinds" not in errors:
         errors["kinds"] = f"required: a non-empty list drawn from {', '.join(KINDS)}"
@@ -90,7 +93,7 @@ async def register(request: web.Request) -> web.Response:
         raise invalid(errors)
     settings = request.app[SETTINGS]
     executor_id = await request.app[POOL].fetchval(
-        Q.register_executor, principal.token_id, principal.team, name, hardware, kinds, models, prefs
+        Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs
     )
     log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
     return _json({

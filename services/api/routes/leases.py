@@ -13,12 +13,14 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from services.api.appkeys import POOL, STORE
 from services.api.auth import require
-from services.api.bodies import json_object
+from services.api.bodies import json_object, without_nul
 from services.api.errors import ApiError, conflict, invalid
 
 Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
+
+MAX_NUMBER = 2**31 - 1  # what the database's integer columns hold
 
 _REFUSED = {
     "lost": ("lease_lost", "this lease is no longer current (reclaimed, released or already finished)"),
@@ -53,8 +55,8 @@ def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) ->
     if value is None and not required:
         return None
     if (isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int))
-            or value < 0):
-        raise invalid({key: f"required: a non-negative {'integer' if integer else 'number'}"})
+            or not 0 <= value <= MAX_NUMBER):
+        raise invalid({key: f"required: a {'whole ' if integer else ''}number from 0 to {MAX_NUMBER}"})
     return value
 
 
@@ -83,7 +85,7 @@ async def fail(request: web.Request) -> web.Response:
         raise invalid({"error": "required: what went wrong"})
     if not isinstance(retryable, bool):
         raise invalid({"retryable": "must be true or false"})
-    _verdict(await request.app[POOL].fetchval(Q.fail, token, error[:4000], retryable))
+    _verdict(await request.app[POOL].fetchval(Q.fail, token, without_nul(error[:4000]), retryable))
     log.info("lease_failed", token=str(token), error=error[:200], retryable=retryable)
     return _ok()
 

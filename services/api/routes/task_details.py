@@ -12,7 +12,7 @@ from services.api.appkeys import POOL
 from services.api.auth import require
 from services.api.bodies import query_int
 from services.api.errors import invalid
-from services.api.routes.tasks import _task_row
+from services.api.routes.tasks import CURSOR, _task_row
 
 Q = Queries("web")
 routes = web.RouteTableDef()
@@ -48,7 +48,7 @@ async def task_subtasks(request: web.Request) -> web.Response:
     raw_after = request.query.get("after") or None
     after = -1
     if raw_after is not None:
-        if not raw_after.isdigit() or int(raw_after) > MAX_SUBTASK_ID:
+        if not CURSOR.fullmatch(raw_after) or int(raw_after) > MAX_SUBTASK_ID:
             raise invalid({"after": "not a cursor this server returned"})
         after = int(raw_after)
     limit = query_int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)

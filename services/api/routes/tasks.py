@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.names import NAME
+from minions.names import NAME, is_name
 from minions.records import parse_line
 from minions.store.base import ObjectNotFound, ObjectStore
 from services.api.appkeys import POOL, SETTINGS, STORE
@@ -24,6 +25,7 @@ from services.api.validation import TaskRequest, validate_task
 Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
+CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 RESULT_PAGE = 200
 
@@ -34,7 +36,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 async def _task_row(request: web.Request, principal: Principal) -> Any:
     team, project, name = (request.match_info[k] for k in ("team", "project", "name"))
-    if not principal.can_see_team(team):
+    if not (is_name(team) and is_name(project) and is_name(name)) or not principal.can_see_team(team):
         raise not_found(f"task {team}/{project}/{name}")  # other teams' tasks do not exist for you
     row = await request.app[POOL].fetchrow(Q.task_by_name, team, project, name)
     if row is None:
@@ -111,7 +113,7 @@ async def list_tasks(request: web.Request) -> web.Response:
     cursor_raw = request.query.get("cursor") or None
     cursor = None
     if cursor_raw is not None:
-        if not cursor_raw.isdigit():
+        if not CURSOR.fullmatch(cursor_raw) or int(cursor_raw) > 2**63 - 1:
             errors["cursor"] = "not a cursor this server returned"
         else:
             cursor = int(cursor_raw)

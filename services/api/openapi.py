@@ -1,0 +1,690 @@
+"""The OpenAPI 3.0.3 description of the client API (API.md), built as a plain dict.
+
+It mirrors what the server really does: request schemas are the checks of `validation.py` and the
+route modules (`additionalProperties: false` only where the server refuses unknown fields), and each
+operation lists the statuses its handler and the middlewares can answer. The schemathesis suite in
+tests/fuzz holds the server to it, and tests/test_openapi.py keeps it and the router in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minions.records import KINDS, MAX_ID_LENGTH, MAX_SLEEP_MS, ROLES
+from services.api.validation import MAX_SUBTASK_SIZE
+
+Schema = dict[str, Any]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+TASK_STATUSES = ["submitted", "splitting", "queued", "running", "completed", "failed", "cancelled"]
+EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
+SUBTASK_STATES = ["pending", "leased", "done", "failed", "cancelled"]
+ATTEMPT_OUTCOMES = ["running", "done", "failed", "lost", "released", "cancelled", "superseded"]
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+JSONL_MEDIA_TYPES = (NDJSON, "application/jsonl", "application/json-lines")  # what POST /api/v1/inputs takes
+NOT_BLANK = r"\S"  # at least one non-whitespace character (the server strips before checking)
+# Stored text cannot hold U+0000 (PostgreSQL): the server refuses it with 422 in these fields.
+NO_NUL = r"^[^\u0000]*$"
+NOT_BLANK_NO_NUL = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+
+DESCRIPTION = """\
+Minions: batch inference on idle machines. Users submit tasks (a model, a kind and JSONL input
+records); executors (agents on idle machines) pull subtasks with long-poll claims, hold them under
+fenced leases, and write results straight to the object store.
+
+Every operation but `GET /api/v1/health` needs `Authorization: Bearer <token>`. Roles: `admin`
+(everything), `user` (tasks of its team) and `executor` (the executor protocol). Errors share one
+shape, `{"error": {"code", "message", "fields"}}`; a 500 is a bug.
+
+Not described here: `GET`/`PUT /api/v1/store/{key}`, the local store's signed URLs. They are not
+part of the client API: the server hands them out in leases (`input.url`, `output.url`), and the
+signature in their query string is their only credential, like an S3 presigned URL. This document
+itself is served, without a token, at `GET /api/openapi.json`.
+"""
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _name(description: str) -> Schema:
+    return {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 64,
+            "description": description}
+
+
+def _int(low: int, high: int, description: str | None = None) -> Schema:
+    schema: Schema = {"type": "integer", "minimum": low, "maximum": high}
+    if description:
+        schema["description"] = description
+    return schema
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+def _json_body(schema: Schema, description: str, *, required: bool = True) -> Schema:
+    return {"required": required, "description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _error(description: str) -> Schema:
+    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
+
+
+def _ok(schema: Schema, description: str, status: str = "200") -> dict[str, Schema]:
+    return {status: {"description": description, "content": {JSON: {"schema": schema}}}}
+
+
+# Errors that the middlewares can give any operation that needs a token.
+_AUTHED = {
+    "401": {"$ref": "#/components/responses/Unauthorized"},
+    "503": {"$ref": "#/components/responses/DatabaseUnavailable"},
+}
+_BODY = {  # operations that read a JSON body
+    "400": {"$ref": "#/components/responses/MalformedBody"},
+    "413": {"$ref": "#/components/responses/TooLarge"},
+}
+
+
+def _responses(*groups: dict[str, Schema], **errors: str) -> dict[str, Schema]:
+    """Merge response groups; keyword `e403="..."` adds an Error response with that description."""
+    merged: dict[str, Schema] = {}
+    for group in groups:
+        merged.update(group)
+    for key, description in errors.items():
+        merged[key.removeprefix("e")] = _error(description)
+    return dict(sorted(merged.items()))
+
+
+def _path_param(name: str, schema: Schema, description: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": schema, "description": description}
+
+
+def _query_param(name: str, schema: Schema, description: str) -> Schema:
+    # The server reads an empty value (`?team=`) as an absent one.
+    return {"name": name, "in": "query", "required": False, "allowEmptyValue": True, "schema": schema,
+            "description": description}
+
+
+_TASK_PATH = [
+    _path_param("team", _name("team"), "The task's team."),
+    _path_param("project", _name("project"), "The task's project."),
+    _path_param("name", _name("task name"), "The task's name."),
+]
+_EXECUTOR_ID = [_path_param("executor_id", {"type": "string", "format": "uuid"},
+                            "The id `POST /api/v1/executors/register` returned.")]
+_LEASE_TOKEN = [_path_param("token", {"type": "string", "format": "uuid"},
+                            "The lease token of a claim (`lease.token`).")]
+
+
+# ---------------------------------------------------------------- request schemas
+
+
+def _record_id() -> Schema:
+    return {
+        "description": "A non-empty string of at most 256 characters, or an integer; unique within the task.",
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+            {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
+        ],
+    }
+
+
+def _records_schemas() -> dict[str, Schema]:
+    # Records may carry extra fields of their own: the server ignores them.
+    message = {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {"role": {"type": "string", "enum": list(ROLES)}, "content": {"type": "string"}},
+    }
+    return {
+        "EmbeddingRecord": {
+            "type": "object",
+            "required": ["id", "text"],
+            "properties": {"id": _ref("RecordId"), "text": {"type": "string"}},
+        },
+        "CompletionRecord": {
+            "description": "A prompt, or a chat (messages); never both.",
+            "oneOf": [
+                {"type": "object", "required": ["id", "prompt"], "not": {"required": ["messages"]},
+                 "properties": {"id": _ref("RecordId"), "prompt": {"type": "string"}}},
+                {"type": "object", "required": ["id", "messages"], "not": {"required": ["prompt"]},
+                 "properties": {"id": _ref("RecordId"),
+                                "messages": {"type": "array", "minItems": 1, "items": message}}},
+            ],
+        },
+        "SleepRecord": {
+            "type": "object",
+            "required": ["id", "ms"],
+            "properties": {"id": _ref("RecordId"),
+                           "ms": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_MS,
+                                  "description": "How long this record sleeps, in milliseconds."}},
+        },
+    }
+
+
+_PARAMS: dict[str, Schema] = {
+    "embedding": {
+        "normalize": {"type": "boolean"},
+        "pooling": {"type": "string", "enum": ["mean", "cls"]},
+        "max_length": _int(1, 8192),
+        "batch_size": _int(1, 4096),
+    },
+    "completion": {
+        "temperature": {"type": "number", "minimum": 0, "maximum": 10},
+        "max_tokens": _int(1, 131072),
+        "seed": _int(-(2**63), 2**63 - 1),
+        "system": {"type": "string", "pattern": NO_NUL},
+    },
+    "sleep": {},
+}
+_DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
+_RECORD_SCHEMA = {"embedding": "EmbeddingRecord", "completion": "CompletionRecord", "sleep": "SleepRecord"}
+
+
+def _task_request(kind: str) -> Schema:
+    records: Schema = {"type": "array", "minItems": 1, "items": _ref(_RECORD_SCHEMA[kind]),
+                       "description": "Inline input records (ids unique)."}
+    model: Schema = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": NOT_BLANK_NO_NUL,
+                     "description": "1-256 characters (surrounding whitespace is dropped)."}
+    if kind == "sleep":
+        model = {**model, "default": "sleep"}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["team", "project", "name", "kind", "input"] + ([] if kind == "sleep" else ["model"]),
+        "properties": {
+            "team": _name("The team the task belongs to."),
+            "project": _name("The project within the team."),
+            "name": _name("The task's name, unique within (team, project)."),
+            "kind": {"type": "string", "enum": [kind]},
+            "model": model,
+            "input": {
+                "description": "Exactly one of `records` (inline) and `uri` (an object already stored).",
+                "oneOf": [
+                    {"type": "object", "required": ["records"], "not": {"required": ["uri"]},
+                     "properties": {"records": records}},
+                    {"type": "object", "required": ["uri"], "not": {"required": ["records"]},
+                     "properties": {"uri": {"type": "string", "minLength": 1, "pattern": NOT_BLANK_NO_NUL,
+                                            "description": "An s3:// URI, or one POST /api/v1/inputs "
+                                                           "returned."}}},
+                ],
+            },
+            "subtask_size": _nullable({**_int(1, MAX_SUBTASK_SIZE, "Records per subtask."),
+                                       "default": _DEFAULT_SUBTASK_SIZE[kind]}),
+            "params": _nullable({"type": "object", "additionalProperties": False,
+                                 "properties": _PARAMS[kind], "description": f"Parameters of a {kind} task."}),
+            "priority": {**_int(-1000, 1000, "Higher runs first."), "default": 0},
+        },
+    }
+
+
+def _request_schemas() -> dict[str, Schema]:
+    preference = {
+        "type": "object",
+        "required": ["team"],
+        "properties": {
+            "team": _name("Prefer this team's work..."),
+            "project": _nullable(_name("...of this project (required when task_name is given)...")),
+            "task_name": _nullable(_name("...or this one task.")),
+        },
+        "anyOf": [  # a task_name needs its project
+            {"not": {"required": ["task_name"]}},
+            {"properties": {"task_name": {"nullable": True, "enum": [None]}}},
+            {"required": ["project"], "properties": {"project": {"type": "string"}}},
+        ],
+    }
+    return {
+        "RecordId": _record_id(),
+        **_records_schemas(),
+        "EmbeddingTaskRequest": _task_request("embedding"),
+        "CompletionTaskRequest": _task_request("completion"),
+        "SleepTaskRequest": _task_request("sleep"),
+        "TaskRequest": {
+            "description": "A task submission; its `kind` decides the records and params it takes.",
+            "oneOf": [_ref("EmbeddingTaskRequest"), _ref("CompletionTaskRequest"), _ref("SleepTaskRequest")],
+            "discriminator": {"propertyName": "kind", "mapping": {
+                "embedding": "#/components/schemas/EmbeddingTaskRequest",
+                "completion": "#/components/schemas/CompletionTaskRequest",
+                "sleep": "#/components/schemas/SleepTaskRequest",
+            }},
+        },
+        "ExecutorRegistration": {
+            "type": "object",
+            "required": ["name", "kinds"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": NO_NUL,
+                         "description": "The machine's name; registering again with the same name and token "
+                                        "updates that executor."},
+                "hardware": {"type": "object", "description": "Free-form description of the machine."},
+                "kinds": {"type": "array", "minItems": 1, "maxItems": 256,
+                          "items": {"type": "string", "enum": list(KINDS)}},
+                "models": _nullable({"type": "array", "maxItems": 1024,
+                                     "items": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": NO_NUL}}),
+                "preferences": _nullable({"type": "array", "maxItems": 32, "items": preference,
+                                          "description": "Work to take first, in order."}),
+            },
+        },
+        "Heartbeat": {
+            "type": "object",
+            "properties": {"leases": {"type": "array", "maxItems": 1000, "items": {"type": "string"},
+                                      "description": "Tokens of the leases this executor holds."}},
+        },
+        "Completion": {
+            "type": "object",
+            "required": ["records"],
+            "properties": {
+                "records": {"type": "integer", "minimum": 0,
+                            "description": "Records in the output; must equal the subtask's count."},
+                "seconds": _nullable({"type": "number", "minimum": 0, "description": "Time the work took."}),
+            },
+        },
+        "Failure": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {"type": "string", "minLength": 1, "pattern": NOT_BLANK, "description": "What went wrong."},
+                "retryable": {"type": "boolean", "default": True,
+                              "description": "Whether another attempt may succeed."},
+            },
+        },
+    }
+
+
+# ---------------------------------------------------------------- response schemas
+
+
+def _object(properties: Schema, required: list[str] | None = None, **extra: Any) -> Schema:
+    return {"type": "object", "required": required if required is not None else list(properties),
+            "properties": properties, **extra}
+
+
+def _count() -> Schema:
+    return {"type": "integer", "minimum": 0}
+
+
+def _timestamp(nullable: bool = False) -> Schema:
+    schema: Schema = {"type": "string", "format": "date-time"}
+    return _nullable(schema) if nullable else schema
+
+
+def _response_schemas() -> dict[str, Schema]:
+    return {
+        "Error": _object({
+            "error": _object({
+                "code": {"type": "string", "description": "Machine-readable, e.g. `not_found`, `lease_lost`."},
+                "message": {"type": "string"},
+                "fields": {"type": "object", "additionalProperties": {"type": "string"},
+                           "description": "For 422: what is wrong with each field."},
+            }, required=["code", "message"]),
+        }),
+        "Task": _object({
+            "team": {"type": "string"},
+            "project": {"type": "string"},
+            "name": {"type": "string"},
+            "kind": {"type": "string", "enum": list(KINDS)},
+            "model": {"type": "string"},
+            "params": {"type": "object"},
+            "priority": {"type": "integer"},
+            "subtask_size": {"type": "integer", "minimum": 1},
+            "status": {"type": "string", "enum": TASK_STATUSES},
+            "subtasks": _object({k: _count() for k in ("total", "pending", "leased", "done", "failed", "cancelled")}),
+            "records": _object({"total": _count(), "done": _count()}),
+            "input_uri": {"type": "string"},
+            "created_at": _timestamp(),
+            "started_at": _timestamp(nullable=True),
+            "finished_at": _timestamp(nullable=True),
+            "output_uri": _nullable({"type": "string", "description": "Where the results are, once finished."}),
+            "error": _nullable({"type": "string"}),
+        }),
+        "TaskList": _object({
+            "tasks": {"type": "array", "items": _ref("Task")},
+            "next": _nullable({"type": "string", "description": "Cursor of the next page; null on the last."}),
+        }),
+        "Subtask": _object({
+            "subtask_id": {"type": "integer", "minimum": 0},
+            "state": {"type": "string", "enum": SUBTASK_STATES},
+            "records": _count(),
+            "attempts": _count(),
+            "executor": _nullable({"type": "string", "description": "Name of the executor holding it."}),
+            "leased_at": _timestamp(nullable=True),
+            "done_at": _timestamp(nullable=True),
+            "last_error": _nullable({"type": "string"}),
+            "history": {"type": "array", "items": _object({
+                "attempt": {"type": "integer", "minimum": 0},
+                "executor": _nullable({"type": "string"}),
+                "outcome": {"type": "string", "enum": ATTEMPT_OUTCOMES},
+                "error": _nullable({"type": "string"}),
+                "started_at": _timestamp(),
+                "ended_at": _timestamp(nullable=True),
+                "seconds": _nullable({"type": "number"}),
+            })},
+        }),
+        "SubtaskPage": _object({
+            "subtasks": {"type": "array", "items": _ref("Subtask")},
+            "next": _nullable({"type": "string", "description": "Cursor of the next page; null on the last."}),
+        }),
+        "InputUpload": _object({"uri": {"type": "string"}, "bytes": {"type": "integer", "minimum": 1}}),
+        "Executor": _object({
+            "id": {"type": "string", "format": "uuid"},
+            "name": {"type": "string"},
+            "team": _nullable({"type": "string"}),
+            "status": {"type": "string", "enum": EXECUTOR_STATUSES},
+            "hardware": {"type": "object"},
+            "kinds": {"type": "array", "items": {"type": "string"}},
+            "models": {"type": "array", "items": {"type": "string"}},
+            "preferences": {"type": "array", "items": {"type": "object"}},
+            "current": {"type": "array", "items": {"type": "object"}, "description": "Leases it holds."},
+            "registered_at": _timestamp(),
+            "last_heartbeat_at": _timestamp(nullable=True),
+        }),
+        "ExecutorList": _object({"executors": {"type": "array", "items": _ref("Executor")}}),
+        "Registered": _object({
+            "executor_id": {"type": "string", "format": "uuid"},
+            "heartbeat_interval_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+            "lease_timeout_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+            "long_poll_s": {"type": "number", "minimum": 0},
+        }),
+        "Lease": _object({
+            "lease": _object({
+                "token": {"type": "string", "format": "uuid"},
+                "expires_at": _timestamp(),
+                "backup": {"type": "boolean", "description": "A backup copy of a straggler's subtask."},
+            }),
+            "subtask": _object({
+                "team": {"type": "string"},
+                "project": {"type": "string"},
+                "task_name": {"type": "string"},
+                "subtask_id": {"type": "integer", "minimum": 0},
+                "attempt": {"type": "integer", "minimum": 1},
+                "kind": {"type": "string", "enum": list(KINDS)},
+                "model": {"type": "string"},
+                "params": {"type": "object"},
+                "input": _object({
+                    "url": {"type": "string", "description": "Presigned GET; honours Range."},
+                    "range": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                              "minItems": 2, "maxItems": 2, "description": "[start, end) in bytes."},
+                    "records": {"type": "integer", "minimum": 0},
+                }),
+                "output": _object({"url": {"type": "string", "description": "Presigned PUT of the whole output."}}),
+            }),
+        }),
+        "HeartbeatReply": _object({
+            "leases": {"type": "object",
+                       "additionalProperties": {"type": "string", "enum": ["ok", "lost", "cancelled"]}},
+        }),
+        "Deregistered": _object({"status": {"type": "string", "enum": ["offline"]},
+                                 "released": {"type": "integer", "minimum": 0}}),
+        "Ok": _object({"status": {"type": "string", "enum": ["ok"]}}),
+        "Health": _object({"status": {"type": "string", "enum": ["ok"]},
+                           "database": {"type": "string", "enum": ["ok"]}}),
+    }
+
+
+# ---------------------------------------------------------------- operations
+
+
+def _paths() -> dict[str, Schema]:
+    task_errors = {"e403": "The token's role is not `user` (`wrong_role`).",
+                   "e404": "No such task, or one of a team the token cannot see."}
+    executor_errors = {"e403": "Not an executor token (`wrong_role`), or the executor was registered with "
+                               "another token (`not_your_executor`).",
+                       "e404": "No such executor."}
+    lease_errors = {"e403": "Not an executor token (`wrong_role`)."}
+    return {
+        "/api/v1/health": {"get": {
+            "operationId": "health",
+            "tags": ["health"],
+            "summary": "Whether the API is up and reaches its database",
+            "security": [],
+            "responses": _responses(_ok(_ref("Health"), "Up, and the database answers."),
+                                    {"503": {"$ref": "#/components/responses/DatabaseUnavailable"}}),
+        }},
+        "/api/v1/tasks": {
+            "post": {
+                "operationId": "submitTask",
+                "tags": ["tasks"],
+                "summary": "Submit a task",
+                "description": "Idempotent: the same body again answers 200 with the existing task; a different "
+                               "body under an existing (team, project, name) is a 409.",
+                "requestBody": _json_body(_ref("TaskRequest"), "The task."),
+                "responses": _responses(
+                    _ok(_ref("Task"), "Submitted (status `submitted`).", "201"),
+                    _ok(_ref("Task"), "The same task was submitted before: that task."),
+                    _AUTHED, _BODY,
+                    e403="Not a user token (`wrong_role`), or one scoped to another team (`wrong_team`).",
+                    e409="A different task of that name exists (`task_exists`).",
+                    e422="Invalid values, each named in `fields`.",
+                ),
+            },
+            "get": {
+                "operationId": "listTasks",
+                "tags": ["tasks"],
+                "summary": "List tasks, newest first",
+                "parameters": [
+                    _query_param("team", _name("team"), "Only this team's tasks."),
+                    _query_param("project", _name("project"), "Only this project's tasks."),
+                    _query_param("status", {"type": "string", "enum": TASK_STATUSES}, "Only tasks in this status."),
+                    _query_param("limit", _int(1, 500), "Page size (default 50)."),
+                    _query_param("cursor", _int(0, 2**63 - 1), "The `next` of the previous page (a task id)."),
+                ],
+                "responses": _responses(_ok(_ref("TaskList"), "A page of tasks."), _AUTHED,
+                                        e403="Not a user token (`wrong_role`).",
+                                        e422="Invalid filters, limit or cursor."),
+            },
+        },
+        "/api/v1/tasks/{team}/{project}/{name}": {
+            "parameters": _TASK_PATH,
+            "get": {
+                "operationId": "getTask",
+                "tags": ["tasks"],
+                "summary": "A task and its progress",
+                "responses": _responses(_ok(_ref("Task"), "The task."), _AUTHED, **task_errors),
+            },
+        },
+        "/api/v1/tasks/{team}/{project}/{name}/cancel": {
+            "parameters": _TASK_PATH,
+            "post": {
+                "operationId": "cancelTask",
+                "tags": ["tasks"],
+                "summary": "Cancel a task",
+                "description": "Pending subtasks are cancelled; leased ones are refused at their next heartbeat "
+                               "or completion. Cancelling a cancelled task answers 200 again.",
+                "responses": _responses(_ok(_ref("Task"), "The task, cancelled."), _AUTHED, **task_errors,
+                                        e409="The task already completed or failed (`task_finished`)."),
+            },
+        },
+        "/api/v1/tasks/{team}/{project}/{name}/subtasks": {
+            "parameters": _TASK_PATH,
+            "get": {
+                "operationId": "taskSubtasks",
+                "tags": ["tasks"],
+                "summary": "A page of a task's subtasks, in input order, with their attempts",
+                "description": "For the web UI and operators. A lease in progress shows in `history` with "
+                               "`\"outcome\": \"running\"`.",
+                "parameters": [
+                    _query_param("after", _int(0, 2**31 - 1), "The `next` of the previous page (a subtask id)."),
+                    _query_param("limit", _int(1, 1000), "Page size (default 500)."),
+                ],
+                "responses": _responses(_ok(_ref("SubtaskPage"), "A page of subtasks."), _AUTHED, **task_errors,
+                                        e422="Invalid `after` or `limit`."),
+            },
+        },
+        "/api/v1/tasks/{team}/{project}/{name}/results": {
+            "parameters": _TASK_PATH,
+            "get": {
+                "operationId": "taskResults",
+                "tags": ["tasks"],
+                "summary": "The results, one JSON line per input record, in input order",
+                "parameters": [_query_param("partial", {"type": "string", "default": "false"},
+                                            "`true` (or `1`, `yes`; any case) streams what is committed so far, "
+                                            "before the task ends; any other value is false.")],
+                "responses": _responses(
+                    {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
+                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`.",
+                             "content": {NDJSON: {"schema": {"type": "string"}}}}},
+                    _AUTHED, **task_errors,
+                    e409="The task has not ended and `partial` was not asked for (`not_finished`).",
+                ),
+            },
+        },
+        "/api/v1/inputs": {"post": {
+            "operationId": "uploadInput",
+            "tags": ["tasks"],
+            "summary": "Store an input (JSONL) for a later submission",
+            "description": "For clients with no object store of their own: submit the returned `uri` as "
+                           "`input.uri`. The records are checked when the task is split.",
+            "requestBody": {"required": True, "description": "JSON lines, one input record per line.",
+                            "content": {media_type: {"schema": {"type": "string", "minLength": 1}}
+                                        for media_type in JSONL_MEDIA_TYPES}},
+            "responses": _responses(
+                _ok(_ref("InputUpload"), "Stored.", "201"), _AUTHED,
+                e403="Not a user token (`wrong_role`).",
+                e415="The body is not JSONL (`unsupported_media_type`).",
+                e422="The body is empty.",
+            ),
+        }},
+        "/api/v1/executors": {"get": {
+            "operationId": "listExecutors",
+            "tags": ["executors"],
+            "summary": "Executors and what they are doing",
+            "parameters": [_query_param("team", _name("team"),
+                                        "Executors that may work for this team (default: the token's team).")],
+            "responses": _responses(_ok(_ref("ExecutorList"), "The executors."), _AUTHED,
+                                    e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
+                                    e422="Not a valid team name."),
+        }},
+        "/api/v1/executors/register": {"post": {
+            "operationId": "registerExecutor",
+            "tags": ["executor protocol"],
+            "summary": "Register an executor (or update it)",
+            "requestBody": _json_body(_ref("ExecutorRegistration"), "The machine and what it serves."),
+            "responses": _responses(_ok(_ref("Registered"), "Registered: its id and the protocol timings.", "201"),
+                                    _AUTHED, _BODY, **lease_errors, e422="Invalid values, each named in `fields`."),
+        }},
+        "/api/v1/executors/{executor_id}/claim": {
+            "parameters": _EXECUTOR_ID,
+            "post": {
+                "operationId": "claim",
+                "tags": ["executor protocol"],
+                "summary": "Claim a subtask (long poll)",
+                "description": "Preferences first, then priority and submission order; only kinds and models "
+                               "the executor advertised.",
+                "parameters": [_query_param("wait", {"type": "number", "minimum": 0, "maximum": 86400},
+                                            "Seconds to wait for work; cut to the server's long-poll limit.")],
+                "responses": _responses(
+                    _ok(_ref("Lease"), "A lease on a subtask."),
+                    {"204": {"description": "Nothing to do within `wait` seconds."}},
+                    _AUTHED, **executor_errors,
+                    e409="The executor deregistered (`deregistered`).",
+                    e422="`wait` is not a number from 0 to 86400.",
+                ),
+            },
+        },
+        "/api/v1/executors/{executor_id}/heartbeat": {
+            "parameters": _EXECUTOR_ID,
+            "post": {
+                "operationId": "heartbeat",
+                "tags": ["executor protocol"],
+                "summary": "Say the executor is alive, and learn the fate of its leases",
+                "requestBody": _json_body(_ref("Heartbeat"), "The leases held (an empty body holds none).",
+                                          required=False),
+                "responses": _responses(_ok(_ref("HeartbeatReply"), "Each lease: ok, lost or cancelled."),
+                                        _AUTHED, _BODY, **executor_errors,
+                                        e422="`leases` is not a list of at most 1000 strings."),
+            },
+        },
+        "/api/v1/executors/{executor_id}/deregister": {
+            "parameters": _EXECUTOR_ID,
+            "post": {
+                "operationId": "deregister",
+                "tags": ["executor protocol"],
+                "summary": "Go offline, releasing every lease",
+                "responses": _responses(_ok(_ref("Deregistered"), "Offline."), _AUTHED, **executor_errors),
+            },
+        },
+        "/api/v1/leases/{token}/complete": {
+            "parameters": _LEASE_TOKEN,
+            "post": {
+                "operationId": "completeLease",
+                "tags": ["executor protocol"],
+                "summary": "Commit a subtask whose output was written",
+                "requestBody": _json_body(_ref("Completion"), "What was done."),
+                "responses": _responses(
+                    _ok(_ref("Ok"), "Committed."), _AUTHED, _BODY, **lease_errors,
+                    e409="The lease is no longer current (`lease_lost`), its task was cancelled "
+                         "(`task_cancelled`), or the output was not written (`output_missing`).",
+                    e422="`records` is missing, negative, or not the subtask's record count.",
+                ),
+            },
+        },
+        "/api/v1/leases/{token}/fail": {
+            "parameters": _LEASE_TOKEN,
+            "post": {
+                "operationId": "failLease",
+                "tags": ["executor protocol"],
+                "summary": "Report a failed attempt",
+                "description": "A retryable failure requeues the subtask until its attempts run out.",
+                "requestBody": _json_body(_ref("Failure"), "What went wrong."),
+                "responses": _responses(
+                    _ok(_ref("Ok"), "Recorded."), _AUTHED, _BODY, **lease_errors,
+                    e409="The lease is no longer current (`lease_lost`) or its task was cancelled "
+                         "(`task_cancelled`).",
+                    e422="`error` is missing or blank, or `retryable` is not a boolean.",
+                ),
+            },
+        },
+        "/api/v1/leases/{token}/release": {
+            "parameters": _LEASE_TOKEN,
+            "post": {
+                "operationId": "releaseLease",
+                "tags": ["executor protocol"],
+                "summary": "Hand a subtask back without counting an attempt",
+                "responses": _responses(
+                    _ok(_ref("Ok"), "Requeued."), _AUTHED, **lease_errors,
+                    e409="The lease is no longer current (`lease_lost`) or its task was cancelled "
+                         "(`task_cancelled`).",
+                ),
+            },
+        },
+    }
+
+
+def document(server_url: str | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.0.3 document of the API; `server_url` (e.g. "http://127.0.0.1:8080") becomes its
+    server, otherwise paths are relative to wherever the document was fetched from."""
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Minions API", "version": "1", "description": DESCRIPTION},
+        "servers": [{"url": server_url.rstrip("/") if server_url else "/"}],
+        "tags": [
+            {"name": "tasks", "description": "Submitting tasks and reading their results (users)."},
+            {"name": "executors", "description": "What the executors are doing (users)."},
+            {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
+            {"name": "health", "description": "Liveness, for load balancers."},
+        ],
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": {
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer",
+                               "description": "An API token (`minions token create`)."},
+            },
+            "schemas": {**_request_schemas(), **_response_schemas()},
+            "responses": {
+                "Unauthorized": {
+                    **_error("No bearer token, or an unknown or revoked one (`unauthorized`)."),
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "required": True}},
+                },
+                "DatabaseUnavailable": {
+                    **_error("The database is unreachable (`database_unavailable`); retry after `Retry-After` "
+                             "seconds."),
+                    "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 0}, "required": True}},
+                },
+                "MalformedBody": _error("The body is not a JSON object (`malformed_json`, `malformed_body`)."),
+                "TooLarge": _error("The body is over the server's limit (`too_large`); upload large inputs with "
+                                   "`POST /api/v1/inputs`."),
+            },
+        },
+    }

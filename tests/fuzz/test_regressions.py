@@ -1,0 +1,79 @@
+"""Requests that crashed the server (500), found by the fuzzer or by probing around its findings,
+replayed on every run: each must get a status its operation documents, and never a 5xx.
+
+A NUL character is legal JSON (`"\\u0000"`) but PostgreSQL takes it neither in text nor in jsonb;
+numbers must fit the SQL types they are bound to; names must be names all the way to the database's
+own check.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import requests
+
+from services.api.openapi import document
+from tests.fuzz.live import QUEUED, LiveApi
+
+SLEEP_TASK = {"team": "search", "project": "ranker", "name": "regression", "kind": "sleep",
+              "input": {"records": [{"id": "a", "ms": 1}]}}
+COMPLETION_TASK = {**SLEEP_TASK, "kind": "completion", "model": "m", "input": {"records": [{"id": "a", "prompt": "x"}]}}
+EXECUTOR = {"name": "regression", "kinds": ["sleep"]}
+TOKEN = str(uuid.UUID(int=7))  # a lease token no lease has
+
+def _case(case_id: str, method: str, operation: str, path: str, body: Any = None, role: str = "admin") -> Any:
+    """One request: the operation as documented, the concrete path, a JSON body, whose token."""
+    return pytest.param(method, operation, path, body, role, id=case_id)
+
+
+CASES = [
+    # validation.py validate_task: `kind in _PARAMS` hashes kind, so a list or object kind is a TypeError.
+    _case("task-kind-unhashable", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "kind": [], "params": {}}),
+    # minions/names.py: NAME.match with `$` lets a trailing newline through; the minion_name domain does not.
+    _case("task-name-newline", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "name": "regression\n"}),
+    # NUL into text (tasks.model) and into jsonb (tasks.params).
+    _case("task-model-nul", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "model": "a\u0000b"}),
+    _case("task-params-nul", "POST", "/api/v1/tasks", "/api/v1/tasks",
+          {**COMPLETION_TASK, "params": {"system": "\u0000"}}),
+    # tasks.py list_tasks: a cursor past bigint, and one that str.isdigit() takes but int() does not.
+    _case("list-cursor-bigint", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=99999999999999999999"),
+    _case("list-cursor-superscript", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=%C2%B2"),
+    # task_details.py task_subtasks: the same isdigit()/int() mismatch for `after`.
+    _case("subtasks-after-superscript", "GET", "/api/v1/tasks/{team}/{project}/{name}/subtasks",
+          "/api/v1/tasks/search/ranker/fuzz-queued/subtasks?after=%C2%B2"),
+    # tasks.py _task_row: path names go to the database unchecked.
+    _case("task-path-nul", "GET", "/api/v1/tasks/{team}/{project}/{name}", "/api/v1/tasks/search/ranker/a%00"),
+    _case("cancel-path-nul", "POST", "/api/v1/tasks/{team}/{project}/{name}/cancel",
+          "/api/v1/tasks/search/ranker/a%00/cancel"),
+    _case("results-path-nul", "GET", "/api/v1/tasks/{team}/{project}/{name}/results",
+          "/api/v1/tasks/search/ranker/a%00/results"),
+    # executors.py register: NUL into executors.name (text), .models (text[]), .hardware (jsonb); a
+    # preference team with a trailing newline into executor_preferences.team (minion_name).
+    _case("register-name-nul", "POST", "/api/v1/executors/register", "/api/v1/executors/register",
+          {**EXECUTOR, "name": "\u0000"}, "executor"),
+    _case("register-models-nul", "POST", "/api/v1/executors/register", "/api/v1/executors/register",
+          {**EXECUTOR, "models": ["\u0000"]}, "executor"),
+    _case("register-hardware-nul", "POST", "/api/v1/executors/register", "/api/v1/executors/register",
+          {**EXECUTOR, "hardware": {"os": "\u0000"}}, "executor"),
+    _case("register-preference-newline", "POST", "/api/v1/executors/register", "/api/v1/executors/register",
+          {**EXECUTOR, "preferences": [{"team": f"{QUEUED[0]}\n"}]}, "executor"),
+    # leases.py: complete with records past int32 (minion_complete's p_records); fail with NUL into text.
+    _case("complete-records-int32", "POST", "/api/v1/leases/{token}/complete", f"/api/v1/leases/{TOKEN}/complete",
+          {"records": 2**31}, "executor"),
+    _case("fail-error-nul", "POST", "/api/v1/leases/{token}/fail", f"/api/v1/leases/{TOKEN}/fail",
+          {"error": "a\u0000b"}, "executor"),
+]
+
+
+@pytest.mark.parametrize(("method", "operation", "path", "body", "role"), CASES)
+def test_no_server_error(live: LiveApi, http: requests.Session, method: str, operation: str, path: str,
+                         body: Any, role: str) -> None:
+    token = live.admin if role == "admin" else live.executor
+    response = http.request(method, live.url + path, json=body, headers={"Authorization": f"Bearer {token}"})
+    documented = document()["paths"][operation][method.lower()]["responses"]
+    assert response.status_code < 500 and str(response.status_code) in documented, (
+        response.status_code, response.text)
+    if response.status_code >= 400:
+        assert response.json()["error"]["code"]  # every refusal is the shared error shape
