@@ -79,13 +79,14 @@ CREATE TABLE executor_preferences (
     CHECK (task_name IS NULL OR project IS NOT NULL)
 );
 
--- Liveness, one row per executor; the watchdog LISTENs on its NOTIFY channel.
+-- Liveness, one row per executor. beat_at moves with heartbeats (and NOTIFYs the watchdog);
+-- seen_at with claims, which prove life too but are the hot path and must not notify.
 CREATE TABLE heartbeats (
     executor_id uuid PRIMARY KEY REFERENCES executors (id) ON DELETE CASCADE,
     beat_at     timestamptz NOT NULL DEFAULT now(),
-    leases      integer NOT NULL DEFAULT 0        -- live leases the executor holds
+    seen_at     timestamptz NOT NULL DEFAULT now(),
+    alive_at    timestamptz GENERATED ALWAYS AS (greatest(beat_at, seen_at)) STORED
 );
-CREATE INDEX heartbeats_holding ON heartbeats (beat_at) WHERE leases > 0;
 
 CREATE TABLE subtasks (
     task_id          bigint NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,

@@ -38,11 +38,12 @@ CREATE TRIGGER subtasks_notify_requeue AFTER UPDATE OF state ON subtasks
     EXECUTE FUNCTION minion_notify_subtask_requeued();
 
 -- heartbeats: the watchdog keeps deadlines only for executors that hold a lease.
--- Payload: '<executor_id> <live leases>'.
+-- Payload: '<executor_id> <live leases>'. Only heartbeats notify (UPDATE OF beat_at), never claims:
+-- a NOTIFY serialises commits cluster-wide, which the claim path cannot afford.
 CREATE FUNCTION minion_notify_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('heartbeats', NEW.executor_id::text || ' ' || NEW.leases::text);
+    PERFORM pg_notify('heartbeats', NEW.executor_id::text || ' ' || minion_lease_count(NEW.executor_id)::text);
     RETURN NULL;
 END $$;
-CREATE TRIGGER heartbeats_notify AFTER INSERT OR UPDATE ON heartbeats
+CREATE TRIGGER heartbeats_notify AFTER INSERT OR UPDATE OF beat_at ON heartbeats
     FOR EACH ROW EXECUTE FUNCTION minion_notify_heartbeat();

@@ -90,14 +90,8 @@ END $$;
 -- A malformed input fails the task and leaves no subtasks behind (any already leased become stale:
 -- their tokens vanish with them, so a late complete gets 409).
 CREATE FUNCTION minion_fail_split(p_task_id bigint, p_error text) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    holders uuid[];
 BEGIN
-    SELECT array_agg(DISTINCT e) INTO holders FROM (
-        SELECT lease_executor AS e FROM subtasks WHERE task_id = p_task_id AND state = 'leased'
-        UNION SELECT executor_id FROM subtask_backups WHERE task_id = p_task_id) x;
     DELETE FROM subtasks WHERE task_id = p_task_id;
-    PERFORM minion_touch_heartbeat(h, false) FROM unnest(holders) AS h;
     UPDATE tasks
        SET status = 'failed', error = p_error, finished_at = now(), split_done = true, open_subtasks = 0
      WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');
@@ -106,8 +100,6 @@ END $$;
 -- Cancel: pending and leased subtasks become cancelled at once; a leased one's executor learns it at
 -- its next heartbeat (the token is kept so the answer is 'cancelled', not 'lost').
 CREATE FUNCTION minion_cancel_task(p_task_id bigint) RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-    holders uuid[];
 BEGIN
     UPDATE tasks SET status = 'cancelled', finished_at = now(), open_subtasks = 0, split_done = true
      WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');
@@ -124,14 +116,10 @@ BEGIN
            'task cancelled'
       FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
      WHERE b.task_id = p_task_id;
-    SELECT array_agg(DISTINCT e) INTO holders FROM (
-        SELECT lease_executor AS e FROM subtasks WHERE task_id = p_task_id AND state = 'leased'
-        UNION SELECT executor_id FROM subtask_backups WHERE task_id = p_task_id) x;
     DELETE FROM subtask_backups WHERE task_id = p_task_id;
     DELETE FROM minion_subtask_acquirement WHERE task_id = p_task_id;
     UPDATE subtasks SET state = 'cancelled', lease_executor = NULL
      WHERE task_id = p_task_id AND state IN ('pending', 'leased');
-    PERFORM minion_touch_heartbeat(h, false) FROM unnest(holders) AS h;
     RETURN true;
 END $$;
 

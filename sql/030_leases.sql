@@ -2,86 +2,69 @@
 -- can do from psql exactly what the services do. Tokens fence every step after the claim: a token
 -- that is no longer current changes nothing (invariant 2).
 
--- Keep an executor's heartbeat row counting its live leases (the watchdog tracks only holders).
--- Touching the row also NOTIFYs 'heartbeats'.
-CREATE FUNCTION minion_touch_heartbeat(p_executor uuid, p_beat boolean) RETURNS void LANGUAGE sql AS $$
-    INSERT INTO heartbeats AS h (executor_id, beat_at, leases)
-    VALUES (p_executor, now(),
-            (SELECT count(*) FROM subtasks WHERE lease_executor = p_executor AND state = 'leased')
-            + (SELECT count(*) FROM subtask_backups WHERE executor_id = p_executor))
-    ON CONFLICT (executor_id) DO UPDATE
-        SET beat_at = CASE WHEN p_beat THEN now() ELSE h.beat_at END,
-            leases = excluded.leases
+-- Live leases of an executor: its leased subtasks and its straggler backups.
+CREATE FUNCTION minion_lease_count(p_executor uuid) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT ((SELECT count(*) FROM subtasks WHERE lease_executor = p_executor AND state = 'leased')
+          + (SELECT count(*) FROM subtask_backups WHERE executor_id = p_executor))::integer
 $$;
 
--- One claim attempt within one filter (a preference tier, or the executor's whole queue).
--- Finds the head task in claim order (priority, then FIFO), then races for one of its first few
--- pending subtasks, chosen at random so that contenders do not all aim at the same row: the
--- paper's INSERT ... ON CONFLICT DO NOTHING on minion_subtask_acquirement picks exactly one winner.
+-- A heartbeat (or a registration): the executor is alive. NOTIFYs 'heartbeats' via the trigger.
+CREATE FUNCTION minion_beat(p_executor uuid) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO heartbeats AS h (executor_id, beat_at, seen_at) VALUES (p_executor, now(), now())
+    ON CONFLICT (executor_id) DO UPDATE SET beat_at = now()
+$$;
+
+-- A claim: the executor is alive too, but this must not notify (see 010_notify.sql).
+CREATE FUNCTION minion_seen(p_executor uuid) RETURNS void LANGUAGE sql AS $$
+    UPDATE heartbeats SET seen_at = now() WHERE executor_id = p_executor
+$$;
+
+-- One claim within one filter (a preference tier, or the executor's whole queue): the first
+-- pending subtask in claim order (priority, then FIFO) among the capabilities the executor serves.
+-- Contenders take row locks with SKIP LOCKED, so they pass over each other's rows instead of
+-- queueing behind them (bench/claim.py measured the paper's blocking INSERT race against this;
+-- see BENCHMARKS.md). The paper's referee stays: the lease is a row of minion_subtask_acquirement,
+-- whose UNIQUE key admits one live lease per subtask whatever path tries to make a second.
 -- Returns the won lease token, or NULL when nothing in this filter is pending.
 CREATE FUNCTION minion_claim_in(p_executor uuid, p_caps text[], p_team text, p_project text,
                                 p_task_name text)
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
-    head record;
-    candidates integer[];
-    sid integer;
-    tok uuid;
+    cand record;
+    tok uuid := gen_random_uuid();
 BEGIN
-    FOR round IN 1..64 LOOP
-        IF p_team IS NULL THEN
-            SELECT q.capability, q.priority, q.task_id INTO head
-              FROM unnest(p_caps) AS c(cap)
-             CROSS JOIN LATERAL (
-                   SELECT s.capability, s.priority, s.task_id FROM subtasks s
-                    WHERE s.state = 'pending' AND s.capability = c.cap
-                    ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1) q
-             ORDER BY q.priority DESC, q.task_id LIMIT 1;
-        ELSE
-            SELECT q.capability, q.priority, q.task_id INTO head
-              FROM unnest(p_caps) AS c(cap)
-             CROSS JOIN LATERAL (
-                   SELECT s.capability, s.priority, s.task_id FROM subtasks s
-                    WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
-                      AND (p_project IS NULL OR s.project = p_project)
-                      AND (p_task_name IS NULL OR s.task_name = p_task_name)
-                    ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1) q
-             ORDER BY q.priority DESC, q.task_id LIMIT 1;
-        END IF;
-        IF NOT FOUND THEN
-            RETURN NULL;
-        END IF;
+    IF p_team IS NULL THEN
+        SELECT q.task_id, q.subtask_id, q.team, q.project, q.task_name INTO cand
+          FROM unnest(p_caps) AS c(cap)
+         CROSS JOIN LATERAL (
+               SELECT s.priority, s.task_id, s.subtask_id, s.team, s.project, s.task_name FROM subtasks s
+                WHERE s.state = 'pending' AND s.capability = c.cap
+                ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
+                  FOR UPDATE SKIP LOCKED) q
+         ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
+    ELSE
+        SELECT q.task_id, q.subtask_id, q.team, q.project, q.task_name INTO cand
+          FROM unnest(p_caps) AS c(cap)
+         CROSS JOIN LATERAL (
+               SELECT s.priority, s.task_id, s.subtask_id, s.team, s.project, s.task_name FROM subtasks s
+                WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
+                  AND (p_project IS NULL OR s.project = p_project)
+                  AND (p_task_name IS NULL OR s.task_name = p_task_name)
+                ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
+                  FOR UPDATE SKIP LOCKED) q
+         ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
 
-        SELECT array_agg(x.subtask_id ORDER BY random()) INTO candidates
-          FROM (SELECT s.subtask_id FROM subtasks s
-                 WHERE s.state = 'pending' AND s.capability = head.capability
-                   AND s.priority = head.priority AND s.task_id = head.task_id
-                 ORDER BY s.subtask_id LIMIT 8) x;
-
-        FOREACH sid IN ARRAY coalesce(candidates, '{}') LOOP
-            tok := gen_random_uuid();
-            INSERT INTO minion_subtask_acquirement
-                   (team, project, task_name, subtask_id, task_id, executor_id, lease_token)
-            SELECT s.team, s.project, s.task_name, s.subtask_id, s.task_id, p_executor, tok
-              FROM subtasks s
-             WHERE s.task_id = head.task_id AND s.subtask_id = sid AND s.state = 'pending'
-            ON CONFLICT DO NOTHING;
-            IF FOUND THEN
-                -- Won the referee. The guard on state covers a winner that finished the subtask
-                -- between our snapshot and our insert.
-                UPDATE subtasks
-                   SET state = 'leased', lease_token = tok, lease_executor = p_executor,
-                       leased_at = now(), attempts = attempts + 1
-                 WHERE task_id = head.task_id AND subtask_id = sid AND state = 'pending';
-                IF FOUND THEN
-                    RETURN tok;
-                END IF;
-                DELETE FROM minion_subtask_acquirement WHERE lease_token = tok;
-            END IF;
-        END LOOP;
-        -- Every candidate went to someone else: look again (each round sees a fresh snapshot).
-    END LOOP;
-    RETURN NULL;
+    INSERT INTO minion_subtask_acquirement (team, project, task_name, subtask_id, task_id, executor_id, lease_token)
+    VALUES (cand.team, cand.project, cand.task_name, cand.subtask_id, cand.task_id, p_executor, tok);
+    UPDATE subtasks
+       SET state = 'leased', lease_token = tok, lease_executor = p_executor, leased_at = now(),
+           attempts = attempts + 1
+     WHERE task_id = cand.task_id AND subtask_id = cand.subtask_id;
+    RETURN tok;
 END $$;
 
 -- A backup of a straggler: a lease of a task with nothing left pending that has run longer than
@@ -177,7 +160,7 @@ BEGIN
          WHERE id = won.task_id AND status IN ('splitting', 'queued');
     END IF;
     UPDATE executors SET status = 'online' WHERE id = p_executor AND status <> 'online';
-    PERFORM minion_touch_heartbeat(p_executor, true);
+    PERFORM minion_seen(p_executor);
 
     RETURN QUERY
     SELECT tok, now() + make_interval(secs => p_lease_timeout_s), won.task_id, won.subtask_id,
@@ -194,7 +177,7 @@ RETURNS TABLE (lease_token uuid, state text) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE executors SET status = 'online' WHERE id = p_executor AND status <> 'online';
-    PERFORM minion_touch_heartbeat(p_executor, true);
+    PERFORM minion_beat(p_executor);
     RETURN QUERY
     SELECT t.tok,
            CASE WHEN s.state = 'leased' AND s.lease_executor = p_executor THEN 'ok'
@@ -221,7 +204,6 @@ BEGIN
                                   outcome, error)
     VALUES (s.task_id, s.subtask_id, s.attempts, s.lease_executor, s.lease_token, s.leased_at,
             p_outcome, p_error);
-    PERFORM minion_touch_heartbeat(s.lease_executor, false);
 
     -- A running backup takes over the lease: its work goes on, nothing is requeued.
     SELECT * INTO backup FROM subtask_backups WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
@@ -233,7 +215,6 @@ BEGIN
          WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
         UPDATE minion_subtask_acquirement SET executor_id = backup.executor_id, lease_token = backup.lease_token
          WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
-        PERFORM minion_touch_heartbeat(backup.executor_id, false);
         RETURN;
     END IF;
 
@@ -272,7 +253,6 @@ BEGIN
     INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
                                   outcome, error)
     VALUES (b.task_id, b.subtask_id, att, b.executor_id, b.lease_token, b.leased_at, p_outcome, p_error);
-    PERFORM minion_touch_heartbeat(b.executor_id, false);
 END $$;
 
 -- Locks the subtask a token names, as its lease or as its backup (a NULL row when neither).
@@ -364,10 +344,6 @@ BEGIN
     VALUES (s.task_id, s.subtask_id, s.attempts, winner_executor, p_token, winner_started, 'done',
             p_records, p_seconds);
     PERFORM minion_subtask_closed(s.task_id, false);
-    PERFORM minion_touch_heartbeat(s.lease_executor, false);
-    IF b.executor_id IS NOT NULL THEN
-        PERFORM minion_touch_heartbeat(b.executor_id, false);
-    END IF;
     RETURN 'ok';
 END $$;
 
@@ -421,8 +397,8 @@ DECLARE
     n integer := 0;
     silent_s double precision;
 BEGIN
-    SELECT extract(epoch FROM now() - beat_at) INTO silent_s FROM heartbeats
-     WHERE executor_id = p_executor AND beat_at < now() - make_interval(secs => p_lease_timeout_s)
+    SELECT extract(epoch FROM now() - alive_at) INTO silent_s FROM heartbeats
+     WHERE executor_id = p_executor AND alive_at < now() - make_interval(secs => p_lease_timeout_s)
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
@@ -445,12 +421,20 @@ BEGIN
     RETURN n;
 END $$;
 
+-- Executors that hold a lease or a backup (the only ones the watchdog watches).
+CREATE FUNCTION minion_lease_holders() RETURNS TABLE (executor_id uuid) LANGUAGE sql STABLE AS $$
+    SELECT lease_executor FROM subtasks WHERE state = 'leased'
+    UNION
+    SELECT executor_id FROM subtask_backups
+$$;
+
 -- The sweep: every silent lease holder, in one call. Returns the subtasks taken back.
 CREATE FUNCTION minion_reclaim_expired(p_lease_timeout_s double precision)
 RETURNS integer LANGUAGE sql AS $$
     SELECT coalesce(sum(minion_reclaim_executor(h.executor_id, p_lease_timeout_s)), 0)::integer
       FROM heartbeats h
-     WHERE h.leases > 0 AND h.beat_at < now() - make_interval(secs => p_lease_timeout_s)
+     WHERE h.alive_at < now() - make_interval(secs => p_lease_timeout_s)
+       AND h.executor_id IN (SELECT executor_id FROM minion_lease_holders())
 $$;
 
 -- Deregister: hand back every lease, then go offline.

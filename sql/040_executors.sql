@@ -33,7 +33,7 @@ BEGIN
     SELECT ex_id, (p.ord - 1)::integer, p.value ->> 'team', p.value ->> 'project', p.value ->> 'task_name'
       FROM jsonb_array_elements(p_preferences) WITH ORDINALITY AS p(value, ord);
 
-    PERFORM minion_touch_heartbeat(ex_id, true);
+    PERFORM minion_beat(ex_id);
     RETURN ex_id;
 END $$;
 

@@ -46,11 +46,16 @@ WITH settings AS (
                       WHERE key = 'lease_timeout_s'), 120) AS lease_timeout_s
 ), ex AS (
     SELECT e.id, e.name, e.team, e.hardware, e.kinds, e.models, e.registered_at, h.beat_at,
-           coalesce(h.leases, 0) AS leases,
-           minion_executor_status(e.status, coalesce(h.leases, 0), h.beat_at, s.lease_timeout_s) AS status
+           l.leases,
+           minion_executor_status(e.status, l.leases, h.alive_at, s.lease_timeout_s) AS status
       FROM executors e
       LEFT JOIN heartbeats h ON h.executor_id = e.id
      CROSS JOIN settings s
+     -- Counted here, not by minion_lease_count(): functions run with the reader's rights, and
+     -- minions_grafana may not read the tables.
+     CROSS JOIN LATERAL (
+           SELECT ((SELECT count(*) FROM subtasks sub WHERE sub.lease_executor = e.id AND sub.state = 'leased')
+                 + (SELECT count(*) FROM subtask_backups b WHERE b.executor_id = e.id))::integer AS leases) l
 )
 SELECT t.team,
        ex.id AS executor_id,

@@ -80,7 +80,8 @@ async def _build(conn: asyncpg.Connection) -> dict[str, Any]:
     task_b = await make_task(conn, team="search", kind="embedding", model="m1", subtasks=1,
                              records_per_subtask=5)
     assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", mac) is not None
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '1 hour' WHERE executor_id = $1", mac)
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '1 hour', seen_at = now() - interval '1 hour' "
+                       "WHERE executor_id = $1", mac)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 120)", mac) == 1
 
     task_c = await make_task(conn, team="other", kind="sleep", model="sleep", subtasks=1)

@@ -43,7 +43,7 @@ async def test_backup_wins_and_the_straggler_goes_stale(database_url: str) -> No
     assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60, 4)", another) is None
     beats = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2)", spare, [backup["lease_token"]])
     assert beats[0]["state"] == "ok"
-    assert await conn.fetchval("SELECT leases FROM heartbeats WHERE executor_id = $1", spare) == 1
+    assert await conn.fetchval("SELECT minion_lease_count($1)", spare) == 1
 
     assert await conn.fetchval("SELECT minion_complete($1, 1, 0.01)", backup["lease_token"]) == "ok"
     assert await conn.fetchval("SELECT minion_complete($1, 1, 9.9)", straggler["lease_token"]) == "lost"
@@ -69,7 +69,7 @@ async def test_straggler_finishing_first_makes_the_backup_stale(database_url: st
     assert await conn.fetchval("SELECT minion_complete($1, 1, 1)", backup["lease_token"]) == "lost"
     beats = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2)", spare, [backup["lease_token"]])
     assert beats[0]["state"] == "lost"
-    assert await conn.fetchval("SELECT leases FROM heartbeats WHERE executor_id = $1", spare) == 0
+    assert await conn.fetchval("SELECT minion_lease_count($1)", spare) == 0
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     await conn.close()
 
@@ -78,7 +78,8 @@ async def test_lost_straggler_hands_its_lease_to_the_running_backup(database_url
     conn, task_id, slow, _, spare = await _straggling(database_url)
     await asyncio.sleep(0.3)
     backup = await conn.fetchrow("SELECT * FROM minion_claim($1, 60, 4)", spare)
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '5 minutes' WHERE executor_id = $1", slow)
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '5 minutes', seen_at = now() - interval '5 minutes' "
+                       "WHERE executor_id = $1", slow)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", slow) == 1
     # Nothing was requeued: the backup carries on as the lease.
     assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND state = 'pending'",
@@ -105,5 +106,5 @@ async def test_cancel_drops_backups(database_url: str) -> None:
     backup = await conn.fetchrow("SELECT * FROM minion_claim($1, 60, 4)", spare)
     assert await conn.fetchval("SELECT minion_cancel_task($1)", task_id)
     assert await conn.fetchval("SELECT minion_complete($1, 1, 1)", backup["lease_token"]) == "lost"
-    assert await conn.fetchval("SELECT leases FROM heartbeats WHERE executor_id = $1", spare) == 0
+    assert await conn.fetchval("SELECT minion_lease_count($1)", spare) == 0
     await conn.close()

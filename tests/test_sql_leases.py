@@ -132,7 +132,8 @@ async def test_reclaim_silent_executor(database_url: str) -> None:
     silent, other = await make_executor(conn, token_id), await make_executor(conn, token_id)
     lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", silent)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", silent) == 0  # not silent yet
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '2 minutes' WHERE executor_id = $1",
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '2 minutes', seen_at = now() - interval '2 minutes' "
+                       "WHERE executor_id = $1",
                        silent)
     assert await conn.fetchval("SELECT minion_reclaim_expired(60)") == 1
     assert await conn.fetchval("SELECT status FROM executors WHERE id = $1", silent) == "lost"
@@ -154,7 +155,7 @@ async def test_cancel_answers_cancelled_to_holders(database_url: str) -> None:
     assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", lease["lease_token"]) == "cancelled"
     states = await conn.fetch("SELECT DISTINCT state FROM subtasks WHERE task_id = $1", task_id)
     assert [s["state"] for s in states] == ["cancelled"]
-    assert await conn.fetchval("SELECT leases FROM heartbeats WHERE executor_id = $1", ex) == 0
+    assert await conn.fetchval("SELECT minion_lease_count($1)", ex) == 0
     await conn.close()
 
 

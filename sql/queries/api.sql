@@ -79,8 +79,8 @@ SELECT minion_deregister($1);
 -- name: list_executors
 -- $1 team filter (NULL: all), $2 lease timeout (for the derived status)
 SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.registered_at,
-       h.beat_at AS last_heartbeat_at,
-       minion_executor_status(e.status, coalesce(h.leases, 0), h.beat_at, $2) AS status,
+       h.alive_at AS last_heartbeat_at,
+       minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, $2) AS status,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', p.team, 'project', p.project,
                                                      'task_name', p.task_name) ORDER BY p.position)
                    FROM executor_preferences p WHERE p.executor_id = e.id), '[]') AS preferences,

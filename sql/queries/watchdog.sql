@@ -2,11 +2,12 @@
 
 -- name: lease_holders
 -- Executors holding a lease, with the seconds left before their silence counts as lost.
-SELECT executor_id, extract(epoch FROM beat_at + make_interval(secs => $1) - now())::float8 AS remaining_s
-FROM heartbeats WHERE leases > 0;
+SELECT h.executor_id, extract(epoch FROM h.alive_at + make_interval(secs => $1) - now())::float8 AS remaining_s
+FROM heartbeats h JOIN minion_lease_holders() l ON l.executor_id = h.executor_id;
 
 -- name: holder_remaining
-SELECT leases, extract(epoch FROM beat_at + make_interval(secs => $2) - now())::float8 AS remaining_s
+SELECT minion_lease_count(executor_id) AS leases,
+       extract(epoch FROM alive_at + make_interval(secs => $2) - now())::float8 AS remaining_s
 FROM heartbeats WHERE executor_id = $1;
 
 -- name: reclaim_executor
