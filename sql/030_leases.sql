@@ -347,9 +347,10 @@ BEGIN
     RETURN 'ok';
 END $$;
 
--- A failed attempt: requeued while attempts remain and the error is retryable, else failed for
--- good with this error. A failed backup just ends. Returns 'ok', 'lost' or 'cancelled'.
-CREATE FUNCTION minion_fail(p_token uuid, p_error text, p_retryable boolean)
+-- Ends the lease a token names, as primary or backup: 'ok', or 'lost' / 'cancelled' when the
+-- token is no longer current. p_counts, p_retry: see minion_end_attempt (a backup just ends).
+CREATE FUNCTION minion_end_lease(p_token uuid, p_outcome text, p_error text, p_counts boolean,
+                                 p_retry boolean)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
@@ -358,32 +359,48 @@ BEGIN
     s := minion_lock_subtask_of(p_token);
     role := minion_token_role(s, p_token);
     IF role = 'primary' THEN
-        PERFORM minion_end_attempt(s, 'failed', p_error, true, p_retryable);
+        PERFORM minion_end_attempt(s, p_outcome, p_error, p_counts, p_retry);
     ELSIF role = 'backup' THEN
-        PERFORM minion_end_backup(p_token, 'failed', p_error);
+        PERFORM minion_end_backup(p_token, p_outcome, p_error);
     ELSE
         RETURN role;
     END IF;
     RETURN 'ok';
 END $$;
 
+-- A failed attempt: requeued while attempts remain and the error is retryable, else failed for
+-- good with this error. Returns 'ok', 'lost' or 'cancelled'.
+CREATE FUNCTION minion_fail(p_token uuid, p_error text, p_retryable boolean)
+RETURNS text LANGUAGE sql AS $$
+    SELECT minion_end_lease(p_token, 'failed', p_error, true, p_retryable)
+$$;
+
 -- The executor hands the subtask back (owner came back, shutdown): requeued at once, the attempt
 -- does not count.
-CREATE FUNCTION minion_release(p_token uuid) RETURNS text LANGUAGE plpgsql AS $$
+CREATE FUNCTION minion_release(p_token uuid) RETURNS text LANGUAGE sql AS $$
+    SELECT minion_end_lease(p_token, 'released', NULL, false, true)
+$$;
+
+-- Ends every lease and backup an executor holds, in a fixed order (no deadlocks between two
+-- callers). Returns how many.
+CREATE FUNCTION minion_end_executor_leases(p_executor uuid, p_outcome text, p_error text, p_counts boolean)
+RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     s subtasks;
-    role text;
+    tok uuid;
+    n integer := 0;
 BEGIN
-    s := minion_lock_subtask_of(p_token);
-    role := minion_token_role(s, p_token);
-    IF role = 'primary' THEN
-        PERFORM minion_end_attempt(s, 'released', NULL, false, true);
-    ELSIF role = 'backup' THEN
-        PERFORM minion_end_backup(p_token, 'released', NULL);
-    ELSE
-        RETURN role;
-    END IF;
-    RETURN 'ok';
+    FOR s IN SELECT * FROM subtasks
+              WHERE lease_executor = p_executor AND state = 'leased'
+              ORDER BY task_id, subtask_id FOR UPDATE LOOP
+        PERFORM minion_end_attempt(s, p_outcome, p_error, p_counts, true);
+        n := n + 1;
+    END LOOP;
+    FOR tok IN SELECT b.lease_token FROM subtask_backups b WHERE b.executor_id = p_executor LOOP
+        PERFORM minion_end_backup(tok, p_outcome, p_error);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
 END $$;
 
 -- The watchdog's step: if the executor has really been silent for the lease timeout (checked here,
@@ -392,9 +409,7 @@ END $$;
 CREATE FUNCTION minion_reclaim_executor(p_executor uuid, p_lease_timeout_s double precision)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
-    s subtasks;
-    tok uuid;
-    n integer := 0;
+    n integer;
     silent_s double precision;
 BEGIN
     SELECT extract(epoch FROM now() - alive_at) INTO silent_s FROM heartbeats
@@ -403,18 +418,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    FOR s IN SELECT * FROM subtasks
-              WHERE lease_executor = p_executor AND state = 'leased'
-              ORDER BY task_id, subtask_id FOR UPDATE LOOP
-        PERFORM minion_end_attempt(s, 'lost',
-            format('executor %s lost: no heartbeat for %s s', p_executor, round(silent_s::numeric, 1)),
-            true, true);
-        n := n + 1;
-    END LOOP;
-    FOR tok IN SELECT b.lease_token FROM subtask_backups b WHERE b.executor_id = p_executor LOOP
-        PERFORM minion_end_backup(tok, 'lost', 'executor lost while running a backup');
-        n := n + 1;
-    END LOOP;
+    n := minion_end_executor_leases(p_executor, 'lost',
+        format('executor %s lost: no heartbeat for %s s', p_executor, round(silent_s::numeric, 1)), true);
     IF n > 0 THEN
         UPDATE executors SET status = 'lost' WHERE id = p_executor;
     END IF;
@@ -440,19 +445,9 @@ $$;
 -- Deregister: hand back every lease, then go offline.
 CREATE FUNCTION minion_deregister(p_executor uuid) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
-    s subtasks;
-    tok uuid;
-    n integer := 0;
+    n integer;
 BEGIN
-    FOR s IN SELECT * FROM subtasks WHERE lease_executor = p_executor AND state = 'leased'
-              ORDER BY task_id, subtask_id FOR UPDATE LOOP
-        PERFORM minion_end_attempt(s, 'released', NULL, false, true);
-        n := n + 1;
-    END LOOP;
-    FOR tok IN SELECT b.lease_token FROM subtask_backups b WHERE b.executor_id = p_executor LOOP
-        PERFORM minion_end_backup(tok, 'released', NULL);
-        n := n + 1;
-    END LOOP;
+    n := minion_end_executor_leases(p_executor, 'released', NULL, false);
     UPDATE executors SET status = 'offline' WHERE id = p_executor;
     RETURN n;
 END $$;
