@@ -236,9 +236,12 @@ def _answer(status: int, raw: bytes, method: str, path: str) -> Any:
 
 
 def _error_fields(raw: bytes) -> tuple[str, str]:
+    """The error's code, and its message with any field errors (a 422 names the setting at fault)."""
     try:
         error = jsoncodec.loads(raw)["error"]
-        return str(error.get("code", "error")), str(error.get("message", ""))
+        fields = error.get("fields") or {}
+        detail = "".join(f"; {key}: {why}" for key, why in fields.items())
+        return str(error.get("code", "error")), str(error.get("message", "")) + detail
     except (jsoncodec.JSONDecodeError, KeyError, TypeError, AttributeError):
         return "error", _snippet(raw)
 

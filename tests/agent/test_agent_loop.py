@@ -1,19 +1,35 @@
-"""The agent's loop against FakeApi: complete, fail, release when the owner returns, drop a lost
-lease, and stop cleanly on SIGTERM."""
+"""The agent's loop against the real API (in this process, on a real port, over a real database):
+complete, fail (retryable and permanent), release when the owner returns, drop a lost or cancelled
+lease, survive a refused late complete, stop cleanly on SIGTERM and exit 78 on a bad token.
+
+What the agent did is read where it really shows: the database (subtask_attempts, subtasks,
+executors), the API's answers, and the API's access log (every request the agent made, with the
+status it got). Tasks are submitted through the API and split by the real splitter code, or, for
+inputs the API would refuse, made with the same SQL functions the splitter calls.
+
+The only stand-ins are for what this machine cannot do: the owner's load average (the owner
+"comes back" when it goes over the limit) and the OS's keep-awake call (recorded instead).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import platform
 import random
+import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 
 from agents.macos import agent as agent_module
@@ -22,38 +38,182 @@ from agents.macos.client import ExecutorClient
 from agents.macos.config import PolicyConfig, build
 from agents.macos.hardware import Hardware
 from agents.macos.policy import OwnerPolicy
-from agents.macos.protocol import Subtask
-from agents.macos.runners.base import Record, Runner
+from agents.macos.runners.base import Runner
+from agents.macos.runners.embedding import EmbeddingRunner
+from agents.macos.runners.model_paths import MINILM
 from agents.macos.runners.sleep import SleepRunner
+from agents.macos.runners.torch_setup import TorchSettings
+from minions import jsoncodec
 from minions.backoff import Backoff
-from tests.agent.fake_api import FakeApi
-from tests.agent.local_http import serving
+from minions.db.connect import connect
+from minions.store.base import ObjectStore
+from minions.store.factory import open_store
+from services.splitter.split import split_task
+from tests.support.api import ApiHarness, running_api
+from tests.support.factories import make_token
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = Hardware(os="Linux test", chip="test", memory_gb=1, device="cpu", cpu_count=2)
+# A torch device this machine does not have: the real embedding runner then crashes with torch's
+# own RuntimeError, the stand-in for an accelerator running out of memory mid-subtask.
+MISSING_DEVICE = "cuda" if platform.system() == "Darwin" else "mps"
+WAIT_S = 30.0  # generous: the machine running these tests is shared and noisy
+ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
+T = TypeVar("T")
 
 
-class ExplodingRunner:
-    kind = "embedding"
+async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = WAIT_S) -> T:
+    """The first truthy value of `check`, polled; the state it reads changes in other tasks and
+    other processes, so a poll is the honest wait."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {value!r})")
+        await asyncio.sleep(0.05)
 
-    async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
-        raise RuntimeError("MPS backend out of memory")
 
-    async def advertised_models(self) -> list[str]:
-        return []
+@dataclass
+class World:
+    """The real API, a connection to its database, the object store, and its access log."""
 
-    async def aclose(self) -> None:
-        return None
+    api: ApiHarness
+    conn: asyncpg.Connection
+    store: ObjectStore
+    caplog: pytest.LogCaptureFixture
 
+    async def submit(self, name: str, kind: str, records: list[dict[str, Any]], *, model: str | None = None,
+                     subtask_size: int | None = None, priority: int = 0) -> int:
+        """Submit through the API, then split with the splitter's own code."""
+        body: dict[str, Any] = {"team": "search", "project": "ranker", "name": name, "kind": kind,
+                                "input": {"records": records}, "priority": priority}
+        if model is not None:
+            body["model"] = model
+        if subtask_size is not None:
+            body["subtask_size"] = subtask_size
+        reply = await self.api.call("POST", "/api/v1/tasks", json=body)
+        assert reply.status == 201, reply.body
+        task_id: int = await self.conn.fetchval(
+            "SELECT id FROM tasks WHERE team = 'search' AND project = 'ranker' AND name = $1", name)
+        result = await split_task(self.conn, self.store, task_id)
+        assert result.outcome == "done", result
+        return task_id
 
-class Harness:
-    def __init__(self, fake: FakeApi, agent: Agent, owner: dict[str, float], awake: list[str]) -> None:
-        self.fake, self.agent, self.owner, self.awake = fake, agent, owner, awake
+    async def submit_raw(self, name: str, body: bytes, records: int, *, kind: str = "sleep",
+                         model: str = "sleep", delete_input: bool = False) -> int:
+        """A one-subtask task over `body` (uploaded through the API) that claims `records` records,
+        made with the SQL functions the splitter calls: for inputs the API itself would refuse."""
+        reply = await self.api.call("POST", "/api/v1/inputs", data=body,
+                                    headers={"Content-Type": "application/x-ndjson"})
+        assert reply.status == 201, reply.body
+        uri: str = reply.body["uri"]
+        if delete_input:
+            await self.store.delete(uri)
+        task_id: int = await self.conn.fetchval(
+            """INSERT INTO tasks (team, project, name, kind, model, subtask_size, max_attempts, input_uri,
+                                  request_hash)
+               VALUES ('search', 'ranker', $1, $2, $3, $4, 3, $5, 'h') RETURNING id""",
+            name, kind, model, records, uri)
+        await self.conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+        assert await self.conn.fetchval("SELECT minion_add_subtasks($1, $2, $3, '{0}', $4, 0, $5, $6)",
+                                        task_id, [0], [len(body)], [records], len(body), records)
+        await self.conn.execute("SELECT minion_finish_split($1)", task_id)
+        return task_id
+
+    async def task(self, name: str) -> dict[str, Any]:
+        reply = await self.api.call("GET", f"/api/v1/tasks/search/ranker/{name}")
+        assert reply.status == 200, reply.body
+        task: dict[str, Any] = reply.body
+        return task
+
+    async def status_is(self, name: str, *statuses: str) -> bool:
+        return (await self.task(name))["status"] in statuses
+
+    async def results(self, name: str) -> list[dict[str, Any]]:
+        reply = await self.api.call("GET", f"/api/v1/tasks/search/ranker/{name}/results")
+        assert reply.status == 200, reply.body
+        return [jsoncodec.loads(line) for line in reply.body.splitlines()]
+
+    async def attempts(self, task_id: int) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await self.conn.fetch(
+            """SELECT subtask_id, attempt, outcome, error, records, seconds, executor_id,
+                      lease_token::text AS token, started_at, ended_at
+                 FROM subtask_attempts WHERE task_id = $1 ORDER BY ended_at, attempt""", task_id)
+        return rows
+
+    async def leased_token(self, task_id: int) -> str | None:
+        token: str | None = await self.conn.fetchval(
+            "SELECT lease_token::text FROM subtasks WHERE task_id = $1 AND state = 'leased'", task_id)
+        return token
+
+    async def reclaim(self, executor_id: str) -> None:
+        """The watchdog's own step, as if this executor had been silent past the lease timeout (a
+        heartbeat that lands at that very moment wins the race: then the next try reclaims)."""
+
+        async def reclaimed() -> bool:
+            taken: int = await self.conn.fetchval("SELECT minion_reclaim_executor($1, 0)", uuid.UUID(executor_id))
+            return taken >= 1
+
+        await eventually(reclaimed, "the reclaim", timeout_s=5)
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """Every request the API served so far, in order: (method, path, status)."""
+        out = []
+        for record in self.caplog.records:
+            if record.name == "aiohttp.access" and (m := ACCESS.search(record.getMessage())):
+                out.append((m["method"], m["path"], int(m["status"])))
+        return out
+
+    def lease_calls(self, token: str | None = None) -> list[tuple[str, int]]:
+        """(action, status) of every complete/fail/release, of one lease or of all."""
+        calls = []
+        for _, path, status in self.requests():
+            if m := re.fullmatch(r"/api/v1/leases/([^/]+)/(complete|fail|release)", path):
+                if token is None or m[1] == token:
+                    calls.append((m[2], status))
+        return calls
 
 
 @contextlib.asynccontextmanager
-async def running_agent(**fake_options: Any) -> AsyncIterator[Harness]:
-    fake = FakeApi(**fake_options)
+async def world(database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                **settings: Any) -> AsyncIterator[World]:
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    overrides = {"heartbeat_interval_s": 0.2, "long_poll_s": 1.0, "lease_timeout_s": 60.0, **settings}
+    async with running_api(database_url, tmp_path / "store", **overrides) as api:
+        conn = await connect(database_url)
+        key = await conn.fetchval("SELECT value FROM minion_settings WHERE key = 'store_signing_key'")
+        store = open_store(api.settings.store, signing_key=key, base_url=api.settings.url_for_executors)
+        try:
+            yield World(api, conn, store, caplog)
+        finally:
+            await store.close()
+            await conn.close()
+
+
+@pytest.fixture
+async def w(database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> AsyncIterator[World]:
+    async with world(database_url, tmp_path, caplog) as harness:
+        yield harness
+
+
+@dataclass
+class Harness:
+    agent: Agent
+    owner: dict[str, float]
+    awake: list[str]
+    runners: dict[str, Runner] = field(default_factory=dict)
+
+    @property
+    def executor_id(self) -> str:
+        return self.agent.registration.executor_id
+
+
+@contextlib.asynccontextmanager
+async def running_agent(w: World, models: tuple[str, ...] = ("m1",)) -> AsyncIterator[Harness]:
+    """The agent's Agent class, in this process, against the real API; yields once registered and
+    stops (hands back, deregisters) on the way out."""
     owner = {"load": 0.0}  # the owner "comes back" when the load goes over max_load
     awake: list[str] = []
 
@@ -65,161 +225,251 @@ async def running_agent(**fake_options: Any) -> AsyncIterator[Harness]:
         finally:
             awake.append("off")
 
-    config = build({"token": "tok", "name": "test-box", "prefer": ["search/ranker"]})
-    runners: dict[str, Runner] = {"sleep": SleepRunner(), "embedding": ExplodingRunner()}
+    config = build({"token": w.api.executor, "name": "test-box", "prefer": ["search/ranker"]})
+    runners: dict[str, Runner] = {"sleep": SleepRunner(),
+                                  "embedding": EmbeddingRunner(TorchSettings(device=MISSING_DEVICE))}
     policy = OwnerPolicy(PolicyConfig(max_load=1.0), "Linux", load_average=lambda: owner["load"])
-    async with serving(fake.app()) as url:
-        fake.url = url
-        async with ExecutorClient(url, "tok", backoff=Backoff(0.01, 0.05, rng=random.Random(0))) as client:
-            agent = Agent(
-                config,
-                client,
-                runners,
-                policy,
-                MACHINE,
-                ["m1"],
-                keep_awake=keep_awake,
-                policy_poll_s=0.05,
-                idle_poll_s=0.05,
-            )
-            task = asyncio.create_task(agent.run())
-            try:
-                yield Harness(fake, agent, owner, awake)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    async with ExecutorClient(w.api.url, w.api.executor,
+                              backoff=Backoff(0.01, 0.05, rng=random.Random(0))) as client:
+        agent = Agent(config, client, runners, policy, MACHINE, list(models), keep_awake=keep_awake,
+                      policy_poll_s=0.05, idle_poll_s=0.05)
+        task = asyncio.create_task(agent.run())
+        harness = Harness(agent, owner, awake, runners)
+        try:
+            await eventually(lambda: _registered(agent, task), "the agent to register")
+            yield harness
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for runner in runners.values():
+                await runner.aclose()
 
 
-async def test_registers_then_completes_a_subtask_in_order() -> None:
-    async with running_agent() as h:
+async def _registered(agent: Agent, task: asyncio.Task[None]) -> bool:
+    if task.done():
+        task.result()  # surfaces why the agent stopped
+    try:
+        return bool(agent.registration.executor_id)
+    except RuntimeError:  # not registered yet
+        return False
+
+
+async def test_registers_then_completes_a_subtask_in_order(w: World) -> None:
+    async with running_agent(w) as h:
         records = [{"id": f"r{i}", "ms": i} for i in range(5)]
-        token = h.fake.add_subtask("sleep", records)
-        await h.fake.wait_until(lambda: "complete" in h.fake.names())
-        await h.fake.wait_until(lambda: any(n == "heartbeat" for n in h.fake.names()))
-    register = h.fake.events[0]
-    assert register[0] == "register"
-    assert register[1]["kinds"] == ["sleep", "embedding"] and register[1]["models"] == ["m1"]
-    assert register[1]["preferences"] == [{"team": "search", "project": "ranker", "task_name": None}]
-    assert register[1]["hardware"]["device"] == "cpu"
-    assert h.fake.output(token) == [{"id": f"r{i}", "slept_ms": i} for i in range(5)]
-    complete = next(body for name, body in h.fake.events if name == "complete")
-    assert complete[0] == token and complete[1]["records"] == 5 and complete[1]["seconds"] >= 0
+        task_id = await w.submit("t", "sleep", records, subtask_size=5)
+        await eventually(lambda: w.status_is("t", "completed"), "the task to complete")
+        beat = f"/api/v1/executors/{h.executor_id}/heartbeat"
+
+        async def heartbeat_answered() -> bool:
+            return ("POST", beat, 200) in w.requests()
+
+        await eventually(heartbeat_answered, "a heartbeat")
+    executors = (await w.api.call("GET", "/api/v1/executors")).body["executors"]
+    assert len(executors) == 1
+    registered = executors[0]
+    assert registered["id"] == h.executor_id and registered["name"] == "test-box"
+    assert registered["kinds"] == ["sleep", "embedding"] and registered["models"] == ["m1"]
+    assert registered["preferences"] == [{"team": "search", "project": "ranker", "task_name": None}]
+    assert registered["hardware"]["device"] == "cpu"
+    assert registered["status"] == "offline"  # deregistered on the way out
+    assert await w.results("t") == [{"id": f"r{i}", "slept_ms": i} for i in range(5)]
+    [done] = await w.attempts(task_id)
+    assert done["outcome"] == "done" and done["records"] == 5 and done["seconds"] >= 0
+    assert str(done["executor_id"]) == h.executor_id
     assert h.awake == ["on", "off"]
-    assert h.fake.names()[-1] == "deregister"  # on the way out
+
+    def ours() -> list[str]:
+        return [path for _, path, _ in w.requests() if h.executor_id in path or "/leases/" in path]
+
+    # Its last word (the access log line is written just after the answer, hence the wait).
+    await until(lambda: ours()[-1] == f"/api/v1/executors/{h.executor_id}/deregister", "the deregistration")
     assert h.agent.completed == 1
 
 
-async def test_runner_errors_fail_the_lease() -> None:
-    async with running_agent() as h:
-        crash = h.fake.add_subtask("embedding", [{"id": 1, "text": "x"}], model="m1")
-        unknown_kind = h.fake.add_subtask("completion", [{"id": 1, "prompt": "x"}], model="m1")
-        bad_count = h.fake.add_subtask("sleep", [{"id": 1, "ms": 1}], count=2)
-        bad_record = h.fake.add_subtask("sleep", [{"id": 1, "ms": "soon"}])
-        await h.fake.wait_until(lambda: h.fake.names().count("fail") == 4)
-    fails = {token: body for name, (token, body) in ((n, b) for n, b in h.fake.events if n == "fail")}
-    assert fails[crash]["retryable"] is True and "out of memory" in fails[crash]["error"]
-    assert fails[unknown_kind]["retryable"] is False and "does not serve kind" in fails[unknown_kind]["error"]
-    assert fails[bad_count]["retryable"] is False and "holds 1 records" in fails[bad_count]["error"]
-    assert fails[bad_record]["retryable"] is False
-    assert "complete" not in h.fake.names()
+async def test_runner_errors_fail_the_lease(w: World) -> None:
+    async with running_agent(w, models=(MINILM,)) as h:
+        # Another process of this machine registers the same name and token with one more kind:
+        # the server now hands this agent completion work it has no runner for.
+        again = await w.api.register("test-box", kinds=["sleep", "embedding", "completion"], models=[MINILM, "m1"])
+        assert again == h.executor_id
+        crash = await w.submit("crash", "embedding", [{"id": 1, "text": "x"}], model=MINILM)
+        unknown_kind = await w.submit("unknown-kind", "completion", [{"id": 1, "prompt": "x"}], model="m1")
+        bad_count = await w.submit_raw("bad-count", b'{"id": 1, "ms": 1}\n', records=2)
+        bad_record = await w.submit_raw("bad-record", b'{"id": 1, "ms": "soon"}\n', records=1)
+        gone_input = await w.submit_raw("gone-input", b'{"id": 1, "ms": 1}\n', records=1, delete_input=True)
+        for name in ("crash", "unknown-kind", "bad-count", "bad-record", "gone-input"):
+            await eventually(lambda name=name: w.status_is(name, "failed"), f"task {name} to fail")  # type: ignore[misc]
+
+    async def outcomes(task_id: int) -> tuple[list[str], str]:
+        attempts = await w.attempts(task_id)
+        assert all(str(a["executor_id"]) == h.executor_id for a in attempts)
+        return [a["outcome"] for a in attempts], attempts[-1]["error"]
+
+    # Retryable: requeued until max_attempts (3), then failed for good with the last error.
+    kinds, error = await outcomes(crash)
+    assert kinds == ["failed"] * 3 and "RuntimeError" in error and MISSING_DEVICE in error.lower()
+    kinds, error = await outcomes(gone_input)
+    assert kinds == ["failed"] * 3 and "object store answered HTTP 404" in error
+    # Permanent: failed for good at the first attempt.
+    kinds, error = await outcomes(unknown_kind)
+    assert kinds == ["failed"] and "does not serve kind" in error
+    kinds, error = await outcomes(bad_count)
+    assert kinds == ["failed"] and "holds 1 records" in error
+    kinds, error = await outcomes(bad_record)
+    assert kinds == ["failed"] and "ms must be a number" in error
+    assert (await w.task("bad-record"))["error"]
+    await until(lambda: w.lease_calls() == [("fail", 200)] * (3 + 3 + 1 + 1 + 1), "the fail calls in the access log")
+    assert h.agent.completed == 0
 
 
-async def test_owner_back_releases_at_once() -> None:
-    async with running_agent() as h:
-        token = h.fake.add_subtask("sleep", [{"id": 1, "ms": 30_000}])
-        await h.fake.wait_until(lambda: "claim" in h.fake.names())
-        started = time.monotonic()
+async def test_owner_back_releases_at_once(w: World) -> None:
+    async with running_agent(w) as h:
+        busy = await w.submit("busy", "sleep", [{"id": 1, "ms": 30_000}])
+        token = await eventually(lambda: w.leased_token(busy), "the agent to claim")
+        await eventually(lambda: _now(h.agent.held_leases() == [token]), "the agent to hold the lease")
         h.owner["load"] = 5.0
-        await h.fake.wait_until(lambda: "release" in h.fake.names())
-        assert time.monotonic() - started < 2
+        started = time.monotonic()
+        [released] = await eventually(lambda: w.attempts(busy), "the release")
+        # The watchdog is not even running, and the lease timeout is 60 s: this is the agent's own
+        # hand-back (the bound only guards against waiting for a timeout).
+        assert time.monotonic() - started < 10
+        assert released["outcome"] == "released" and released["token"] == token
+        assert await w.conn.fetchval("SELECT attempts FROM subtasks WHERE task_id = $1", busy) == 0
+        await until(lambda: w.lease_calls(token) == [("release", 200)], "the release in the access log")
         # While the owner is busy, nothing more is claimed; afterwards work resumes.
-        h.fake.add_subtask("sleep", [{"id": 2, "ms": 1}])
-        await asyncio.sleep(0.3)
-        assert h.fake.names().count("claim") == 1
+        await w.submit("later", "sleep", [{"id": 2, "ms": 1}], priority=1)
+        await asyncio.sleep(0.5)
+        assert await w.conn.fetchval("SELECT count(*) FROM subtasks WHERE state <> 'pending'") == 0
+        assert h.agent.held_leases() == []
         h.owner["load"] = 0.0
-        await h.fake.wait_until(lambda: "complete" in h.fake.names())
-    assert h.fake.states[token] == "released"
+        await eventually(lambda: w.status_is("later", "completed"), "work to resume")
     assert h.awake[:2] == ["on", "off"]
+    assert await w.results("later") == [{"id": 2, "slept_ms": 1}]
 
 
 @pytest.mark.parametrize("state", ["cancelled", "lost"])
-async def test_heartbeat_answer_drops_the_work(state: str) -> None:
-    async with running_agent() as h:
-        token = h.fake.add_subtask("sleep", [{"id": 1, "ms": 30_000}])
-        await h.fake.wait_until(lambda: ("heartbeat", [token]) in h.fake.events)
-        h.fake.states[token] = state
-        await h.fake.wait_until(lambda: h.agent.held_leases() == [])
-        await asyncio.sleep(0.2)
-    names = h.fake.names()
-    assert not {"complete", "release", "fail", "complete_refused"} & set(names)
+async def test_heartbeat_answer_drops_the_work(w: World, state: str) -> None:
+    async with running_agent(w) as h:
+        task_id = await w.submit("long", "sleep", [{"id": 1, "ms": 30_000}])
+        token = await eventually(lambda: w.leased_token(task_id), "the agent to claim")
+        await eventually(lambda: _now(h.agent.held_leases() == [token]), "the agent to hold the lease")
+        if state == "cancelled":
+            reply = await w.api.call("POST", "/api/v1/tasks/search/ranker/long/cancel")
+            assert reply.status == 200 and reply.body["status"] == "cancelled"
+        else:
+            await w.reclaim(h.executor_id)
+        await eventually(lambda: _now(token not in h.agent.held_leases()), "the agent to drop the lease")
+        await asyncio.sleep(0.3)
+        # Heard at a heartbeat: the agent says nothing more about that lease.
+        assert w.lease_calls(token) == []
+        attempts = await w.attempts(task_id)
+        assert [(a["token"], a["outcome"]) for a in attempts] == [(token, state)]
+        if state == "lost":
+            # Requeued by the reclaim: the agent (the only one) takes it again, under a new lease.
+            again = await eventually(lambda: w.leased_token(task_id), "the subtask to be claimed again")
+            assert again != token
+            assert await eventually(lambda: _now(h.agent.held_leases() == [again]), "the new lease")
+    assert w.lease_calls(token) == []
 
 
-async def test_late_complete_is_refused_and_the_agent_goes_on() -> None:
-    async with running_agent(heartbeat_interval_s=30) as h:
-        first = h.fake.add_subtask("sleep", [{"id": 1, "ms": 300}])
-        await h.fake.wait_until(lambda: "claim" in h.fake.names())
-        h.fake.states[first] = "lost"  # reclaimed by the watchdog meanwhile; no heartbeat told us
-        second = h.fake.add_subtask("sleep", [{"id": 2, "ms": 1}])
-        await h.fake.wait_until(lambda: "complete" in h.fake.names())
-    assert ("complete_refused", first) in h.fake.events
-    assert h.fake.states[second] == "done"
+async def _now(value: T) -> T:
+    return value
 
 
-def _spawn_agent(url: str, token: str) -> asyncio.subprocess.Process:
+async def until(condition: Callable[[], bool], what: str) -> None:
+    await eventually(lambda: _now(condition()), what)
+
+
+async def test_late_complete_is_refused_and_the_agent_goes_on(
+        database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Heartbeats 30 s apart: no heartbeat tells the agent its lease is gone; the complete is refused.
+    async with world(database_url, tmp_path, caplog, heartbeat_interval_s=30.0) as w, running_agent(w) as h:
+        first = await w.submit("first", "sleep", [{"id": 1, "ms": 2000}])
+        token = await eventually(lambda: w.leased_token(first), "the agent to claim")
+        await w.reclaim(h.executor_id)  # reclaimed meanwhile, as by the watchdog
+        second = await w.submit("second", "sleep", [{"id": 2, "ms": 1}], priority=1)
+        await eventually(lambda: w.status_is("second", "completed"), "the agent to go on")
+        await until(lambda: w.lease_calls(token) == [("complete", 409)], "the refused complete")
+        await eventually(lambda: w.status_is("first", "completed"), "the requeued subtask to be redone")
+        attempts = await w.attempts(first)
+        assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "lost"), (2, "done")]
+        assert attempts[0]["token"] == token and attempts[1]["token"] != token
+        assert [a["outcome"] for a in await w.attempts(second)] == ["done"]
+        assert await w.results("first") == [{"id": 1, "slept_ms": 2000}]
+        assert h.agent.completed == 2  # the refused complete does not count
+
+
+def _spawn_agent(url: str, token: str, *extra: str) -> Awaitable[asyncio.subprocess.Process]:
     env = {**os.environ, "MINIONS_TOKEN": token, "HOME": "/nonexistent-home"}
-    argv = [
-        sys.executable,
-        "-m",
-        "agents.macos",
-        "--api-url",
-        url,
-        "--kind",
-        "sleep",
-        "--no-idle-check",
-        "--no-ac-check",
-        "--no-thermal-check",
-        "--name",
-        "sub",
-    ]
-    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        *argv, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    argv = [sys.executable, "-m", "agents.macos", "--api-url", url, "--kind", "sleep", "--no-idle-check",
+            "--no-ac-check", "--no-thermal-check", "--name", "sub", *extra]
+    return asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+                                          stderr=asyncio.subprocess.PIPE)
 
 
-async def test_sigterm_releases_deregisters_and_exits_0() -> None:
-    fake = FakeApi(heartbeat_interval_s=0.2)
-    async with serving(fake.app()) as url:
-        fake.url = url
-        token = fake.add_subtask("sleep", [{"id": 1, "ms": 60_000}])
-        proc = await _spawn_agent(url, "tok")
-        await fake.wait_until(lambda: "claim" in fake.names(), timeout_s=30)
+async def _read_until(stream: asyncio.StreamReader, marker: bytes) -> bytes:
+    seen = b""
+    while marker not in seen:
+        line = await stream.readline()
+        if not line:
+            raise AssertionError(f"the agent ended before logging {marker!r}:\n{seen.decode()}")
+        seen += line
+    return seen
+
+
+async def test_sigterm_releases_deregisters_and_exits_0(w: World) -> None:
+    task_id = await w.submit("long", "sleep", [{"id": 1, "ms": 60_000}])
+    proc = await _spawn_agent(w.api.url, w.api.executor)
+    try:
+        # Its log says when it works on the subtask (a SIGTERM before that, while the claim's answer
+        # is still on its way, is handed back by the deregistration alone).
+        assert proc.stderr is not None
+        early = await asyncio.wait_for(_read_until(proc.stderr, b"subtask_started"), 60)
+        token = await w.leased_token(task_id)
+        assert token is not None
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 10)
-        assert time.monotonic() - stopped < 5
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
+        stderr = early + stderr
+        # Quick: it hands back at once instead of finishing a 60 s subtask (generous for a busy box).
+        assert time.monotonic() - stopped < 10
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 0, stderr.decode()
-    assert b"registered as exec-1" in stdout and b"kinds:       sleep" in stdout
-    assert fake.states[token] == "released"
-    assert fake.names()[-1] == "deregister"
+    executor_id = str(await w.conn.fetchval("SELECT id FROM executors WHERE name = 'sub'"))
+    assert f"registered as {executor_id}".encode() in stdout and b"kinds:       sleep" in stdout
+    [released] = await w.attempts(task_id)
+    assert released["outcome"] == "released" and released["token"] == token
+    assert await w.conn.fetchval("SELECT state FROM subtasks WHERE task_id = $1", task_id) == "pending"
+    assert await w.conn.fetchval("SELECT status FROM executors WHERE id = $1", uuid.UUID(executor_id)) == "offline"
+
+    def ours() -> list[tuple[str, int]]:
+        return [(path, status) for _, path, status in w.requests() if executor_id in path or token in path]
+
+    await until(lambda: ours()[-2:] == [(f"/api/v1/leases/{token}/release", 200),
+                                        (f"/api/v1/executors/{executor_id}/deregister", 200)],
+                "release, then deregister, in the access log")
+    assert w.lease_calls(token) == [("release", 200)]
 
 
-async def test_refused_token_exits_78_with_a_clear_message() -> None:
-    fake = FakeApi()
-    async with serving(fake.app()) as url:
-        proc = await _spawn_agent(url, "wrong")
-        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+async def test_refused_token_exits_78_with_a_clear_message(w: World) -> None:
+    proc = await _spawn_agent(w.api.url, "wrong")
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == agent_module.EXIT_CONFIG
     assert b"refused this agent's token" in stderr and b"MINIONS_TOKEN" in stderr
+    assert ("POST", "/api/v1/executors/register", 401) in w.requests()
 
 
-async def test_rejected_registration_exits_78() -> None:
-    fake = FakeApi()
-    fake.register_error = {
-        "error": {"code": "invalid", "message": "invalid values", "fields": {"preferences[0].team": "scoped"}}
-    }
-    async with serving(fake.app()) as url:
-        proc = await _spawn_agent(url, "tok")
-        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+async def test_rejected_registration_exits_78(w: World) -> None:
+    # A token scoped to team "search" cannot prefer another team's work: 422 at registration.
+    scoped, _ = await make_token(w.conn, "executor", team="search")
+    proc = await _spawn_agent(w.api.url, scoped, "--prefer", "other")
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == agent_module.EXIT_CONFIG
     assert b"rejected this agent's registration" in stderr and b"422" in stderr
+    assert ("POST", "/api/v1/executors/register", 422) in w.requests()
+    assert await w.conn.fetchval("SELECT count(*) FROM executors") == 0

@@ -1,0 +1,66 @@
+"""Real agent processes (`python -m agents.macos`) against real services, for end-to-end and chaos
+tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.processes import REPO, Services
+
+
+@dataclass
+class AgentProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def kill(self) -> None:
+        """kill -9: the agent gets no chance to hand anything back."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class AgentFleet:
+    services: Services
+    token: str
+    agents: list[AgentProcess] = field(default_factory=list)
+
+    def start(self, name: str, *extra: str, kinds: tuple[str, ...] = ("sleep",)) -> AgentProcess:
+        args = [sys.executable, "-m", "agents.macos", "--api-url", self.services.api_url, "--token", self.token,
+                "--name", name, "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
+        for kind in kinds:
+            args += ["--kind", kind]
+        log_path = self.services.workdir / f"agent-{name}.log"
+        with log_path.open("ab") as log:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "MINIONS_LOG_LEVEL": "info"}
+            env.pop("MINIONS_TOKEN", None)
+            process = subprocess.Popen([*args, *extra], cwd=REPO, env=env, stdout=log, stderr=log,
+                                       stdin=subprocess.DEVNULL)
+        agent = AgentProcess(name, process, log_path)
+        self.agents.append(agent)
+        return agent
+
+    def stop_all(self) -> None:
+        for agent in self.agents:
+            try:
+                agent.terminate(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- agent {a.name} ---\n{a.log()[-3000:]}" for a in self.agents)
