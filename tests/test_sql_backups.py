@@ -8,7 +8,7 @@ import uuid
 import asyncpg
 
 from minions.db.connect import connect
-from tests.support.factories import make_executor, make_task, make_token
+from tests.support.factories import make_executor, make_task, make_token, silence
 
 
 async def _straggling(database_url: str) -> tuple[asyncpg.Connection, int, uuid.UUID, dict, uuid.UUID]:
@@ -78,8 +78,7 @@ async def test_lost_straggler_hands_its_lease_to_the_running_backup(database_url
     conn, task_id, slow, _, spare = await _straggling(database_url)
     await asyncio.sleep(0.3)
     backup = await conn.fetchrow("SELECT * FROM minion_claim($1, 60, 4)", spare)
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '5 minutes', seen_at = now() - interval '5 minutes' "
-                       "WHERE executor_id = $1", slow)
+    await silence(conn, slow, 300)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", slow) == 1
     # Nothing was requeued: the backup carries on as the lease.
     assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND state = 'pending'",

@@ -57,3 +57,10 @@ async def make_executor(conn: asyncpg.Connection, token_id: int, *, name: str | 
     )
     return executor_id
 
+
+
+async def silence(conn: asyncpg.Connection, executor_id: uuid.UUID, seconds: float) -> None:
+    """Make an executor look silent for `seconds` (no heartbeat, no claim)."""
+    await conn.execute(
+        "UPDATE heartbeats SET beat_at = now() - make_interval(secs => $2),"
+        " seen_at = now() - make_interval(secs => $2) WHERE executor_id = $1", executor_id, float(seconds))
