@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from minions.db.connect import connect
-from tests.support.factories import make_task, make_token
+from tests.support.factories import make_task, make_token, silence
 from tests.support.grafana_macros import (
     MacroError,
     QueryContext,
@@ -80,8 +80,7 @@ async def _build(conn: asyncpg.Connection) -> dict[str, Any]:
     task_b = await make_task(conn, team="search", kind="embedding", model="m1", subtasks=1,
                              records_per_subtask=5)
     assert await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", mac) is not None
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '1 hour', seen_at = now() - interval '1 hour' "
-                       "WHERE executor_id = $1", mac)
+    await silence(conn, mac, 3600)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 120)", mac) == 1
 
     task_c = await make_task(conn, team="other", kind="sleep", model="sleep", subtasks=1)

@@ -8,7 +8,7 @@ import uuid
 import asyncpg
 
 from minions.db.connect import connect, create_pool
-from tests.support.factories import make_executor, make_task, make_token
+from tests.support.factories import make_executor, make_task, make_token, silence
 
 
 async def _setup(database_url: str) -> tuple[asyncpg.Connection, int]:
@@ -132,9 +132,7 @@ async def test_reclaim_silent_executor(database_url: str) -> None:
     silent, other = await make_executor(conn, token_id), await make_executor(conn, token_id)
     lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", silent)
     assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", silent) == 0  # not silent yet
-    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '2 minutes', seen_at = now() - interval '2 minutes' "
-                       "WHERE executor_id = $1",
-                       silent)
+    await silence(conn, silent, 120)
     assert await conn.fetchval("SELECT minion_reclaim_expired(60)") == 1
     assert await conn.fetchval("SELECT status FROM executors WHERE id = $1", silent) == "lost"
     again = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", other)
