@@ -26,6 +26,7 @@ from minions.store.local import LocalStore
 from minions.store.s3 import PART_SIZE, S3Store, parse_s3_uri
 from services.api.appkeys import STORE
 from services.api.routes.store import add_routes, parse_range
+from tests.support.s3 import moto_server
 
 KEY = "test-signing-key"
 DATA = bytes(range(256)) * 1000  # 256,000 bytes, every offset distinguishable
@@ -429,25 +430,8 @@ BUCKET = "minions-test"
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as env:
-        # Fake keys, and no instance-metadata probe (that address is unreachable here).
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.delenv("AWS_SESSION_TOKEN", raising=False)
-        env.delenv("AWS_PROFILE", raising=False)
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        try:
-            yield endpoint
-        finally:
-            server.stop()
+    with moto_server(BUCKET) as endpoint:
+        yield endpoint
 
 
 @pytest_asyncio.fixture

@@ -63,6 +63,8 @@ class Services:
     max_attempts: int = 3
     long_poll_s: float = 5.0
     straggler_factor: float = 0.0
+    store: str = ""  # default: a folder under workdir
+    extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     running: dict[str, Service] = field(default_factory=dict)
 
@@ -78,7 +80,7 @@ class Services:
         return {
             **os.environ,
             "MINIONS_DATABASE_URL": self.database_url,
-            "MINIONS_STORE": self.store_root.as_uri(),
+            "MINIONS_STORE": self.store or self.store_root.as_uri(),
             "MINIONS_PORT": str(self.port),
             "MINIONS_HOST": "127.0.0.1",
             "MINIONS_API_URL": self.api_url,
@@ -90,6 +92,7 @@ class Services:
             "MINIONS_STRAGGLER_FACTOR": str(self.straggler_factor),
             "MINIONS_LOG_LEVEL": "info",
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
 
     def start(self, name: str) -> Service:
