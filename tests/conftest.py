@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from tests.support.database import TestDatabases
+from tests.support.processes import Services
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
@@ -31,3 +33,14 @@ async def template_ready(databases: TestDatabases) -> AsyncIterator[TestDatabase
 async def database_url(template_ready: TestDatabases) -> str:
     """A fresh database with the whole schema, for this test alone."""
     return await template_ready.fresh()
+
+
+@pytest_asyncio.fixture
+async def services(database_url: str, tmp_path: Path) -> AsyncIterator[Services]:
+    """API, splitter and watchdog as real processes on this test's database (started by the test,
+    so it can choose which and when); all stopped at the end."""
+    svc = Services(database_url, tmp_path / "services")
+    try:
+        yield svc
+    finally:
+        svc.stop_all()

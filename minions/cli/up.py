@@ -9,11 +9,8 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 from minions import config, jsoncodec
 from minions.cli.admin import create_token
@@ -21,6 +18,7 @@ from minions.cli.supervisor import Supervisor
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.logging import configure
+from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
 SETTINGS = ("database_url", "store", "port", "host", "admin_token", "heartbeat_interval_s", "lease_timeout_s",
@@ -139,18 +137,9 @@ async def _executor_token(data_dir: Path, database_url: str) -> str:
     return token
 
 
-async def _wait_healthy(api_url: str, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(f"{api_url}/api/v1/health") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise SystemExit(f"minions up: the API did not become healthy; see {supervisor.log_dir / 'api.log'}")
+async def _wait_healthy(api_url: str, supervisor: Supervisor) -> None:
+    if not await wait_until_healthy(api_url, 60.0):
+        raise SystemExit(f"minions up: the API did not become healthy; see {supervisor.log_dir / 'api.log'}")
 
 
 async def _until_signal() -> None:

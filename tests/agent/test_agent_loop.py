@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import pytest
@@ -51,28 +51,14 @@ from minions.store.factory import open_store
 from services.splitter.split import split_task
 from tests.support.api import ApiHarness, running_api
 from tests.support.factories import make_token
+from tests.support.waiting import T, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = Hardware(os="Linux test", chip="test", memory_gb=1, device="cpu", cpu_count=2)
 # A torch device this machine does not have: the real embedding runner then crashes with torch's
 # own RuntimeError, the stand-in for an accelerator running out of memory mid-subtask.
 MISSING_DEVICE = "cuda" if platform.system() == "Darwin" else "mps"
-WAIT_S = 30.0  # generous: the machine running these tests is shared and noisy
 ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
-T = TypeVar("T")
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = WAIT_S) -> T:
-    """The first truthy value of `check`, polled; the state it reads changes in other tasks and
-    other processes, so a poll is the honest wait."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(0.05)
 
 
 @dataclass

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -33,10 +33,10 @@ from minions.sdk import MinionsClient
 from tests.support.agents import AgentFleet, AgentProcess
 from tests.support.factories import make_token
 from tests.support.processes import Services
+from tests.support.waiting import T, eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 WAIT_S = 60.0  # generous: these run on shared, noisy CI machines
-T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -63,18 +63,6 @@ def minilm_reference() -> Iterator[Future[np.ndarray]]:
     them only after the agents are done, so the two overlap."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference") as pool:
         yield pool.submit(_reference_vectors)
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = WAIT_S) -> T:
-    """The first truthy value of `check`, polled (the state lives in other processes)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(0.1)
 
 
 @dataclass

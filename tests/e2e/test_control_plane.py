@@ -4,34 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from minions import jsoncodec
-from minions.db.connect import connect
 from minions.sdk import MinionsClient
-from tests.support.factories import make_token
+from tests.support.factories import make_tokens
 from tests.support.processes import Services
 from tests.support.sleep_executor import SleepExecutor
-
-
-@pytest.fixture
-async def services(database_url: str, tmp_path: Path) -> AsyncIterator[Services]:
-    svc = Services(database_url, tmp_path / "services")
-    try:
-        yield svc
-    finally:
-        svc.stop_all()
-
-
-async def _tokens(database_url: str) -> tuple[str, str]:
-    conn = await connect(database_url)
-    admin, _ = await make_token(conn, "admin")
-    executor, _ = await make_token(conn, "executor")
-    await conn.close()
-    return admin, executor
 
 
 async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...], timeout: float = 60) -> dict:
@@ -51,7 +29,7 @@ async def _results(client: MinionsClient, name: str) -> list[dict]:
 
 async def test_2000_records_four_executors_every_record_once_in_order(services: Services) -> None:
     await services.start_all()
-    admin, executor_token = await _tokens(services.database_url)
+    admin, executor_token = await make_tokens(services.database_url)
     records = [{"id": f"r{i:04d}", "ms": 1} for i in range(2000)]
     executors = [SleepExecutor(services.api_url, executor_token, f"test-{i}") for i in range(4)]
     stop = asyncio.Event()
@@ -78,7 +56,7 @@ async def test_splitter_catches_up_on_tasks_submitted_while_it_was_down(services
     services.start("api")
     services.start("watchdog")
     await services.wait_healthy()
-    admin, _ = await _tokens(services.database_url)
+    admin, _ = await make_tokens(services.database_url)
     async with MinionsClient(services.api_url, admin) as client:
         await client.submit({"team": "search", "project": "ranker", "name": "early", "kind": "sleep",
                              "input": {"records": [{"id": i, "ms": 1} for i in range(10)]}, "subtask_size": 3})
@@ -91,7 +69,7 @@ async def test_splitter_catches_up_on_tasks_submitted_while_it_was_down(services
 
 async def test_silent_executor_loses_its_lease_and_another_finishes(services: Services) -> None:
     await services.start_all()
-    admin, executor_token = await _tokens(services.database_url)
+    admin, executor_token = await make_tokens(services.database_url)
     hung = SleepExecutor(services.api_url, executor_token, "hung", hang_after_claim=True)
     healthy = SleepExecutor(services.api_url, executor_token, "healthy")
     stop = asyncio.Event()

@@ -12,7 +12,8 @@ import pytest
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
-from tests.e2e.test_control_plane import _results, _tokens, _wait_status
+from tests.e2e.test_control_plane import _results, _wait_status
+from tests.support.factories import make_tokens
 from tests.support.processes import Services
 from tests.support.s3 import FAKE_ENV, moto_server
 from tests.support.sleep_executor import SleepExecutor
@@ -31,7 +32,7 @@ async def test_task_through_s3_inline_and_uploaded_inputs(database_url: str, tmp
     services = Services(database_url, tmp_path / "services", store=f"s3://{BUCKET}/minions",
                         extra_env={**FAKE_ENV, "MINIONS_S3_ENDPOINT_URL": s3_endpoint})
     await services.start_all()
-    admin, executor_token = await _tokens(database_url)
+    admin, executor_token = await make_tokens(database_url)
     executors = [SleepExecutor(services.api_url, executor_token, f"s3-{i}") for i in range(2)]
     stop = asyncio.Event()
     runners = [asyncio.create_task(e.run(stop)) for e in executors]

@@ -20,6 +20,19 @@ async def make_token(conn: asyncpg.Connection, role: str, team: str | None = Non
     return token, token_id
 
 
+async def make_tokens(database_url: str) -> tuple[str, str]:
+    """An admin token and an executor token, on their own connection."""
+    from minions.db.connect import connect
+
+    conn = await connect(database_url)
+    try:
+        admin, _ = await make_token(conn, "admin")
+        executor, _ = await make_token(conn, "executor")
+    finally:
+        await conn.close()
+    return admin, executor
+
+
 async def make_task(conn: asyncpg.Connection, *, team: str = "search", project: str = "ranker",
                     name: str | None = None, kind: str = "sleep", model: str = "sleep",
                     subtasks: int = 10, records_per_subtask: int = 1, priority: int = 0,

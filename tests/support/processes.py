@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from minions.embedded_pg import free_port
+from minions.sdk.health import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,17 +105,8 @@ class Services:
         await self.wait_healthy()
 
     async def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                try:
-                    async with session.get(f"{self.api_url}/api/v1/health") as resp:
-                        if resp.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"API never became healthy:\n{self.running['api'].log()[-3000:]}")
+        if not await wait_until_healthy(self.api_url, timeout):
+            raise AssertionError(f"API never became healthy:\n{self.running['api'].log()[-3000:]}")
 
     def stop_all(self) -> None:
         for service in self.running.values():

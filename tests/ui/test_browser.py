@@ -10,7 +10,6 @@ import asyncio
 import importlib.util
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ import aiohttp
 import pytest
 import yarl
 
-from minions.db.connect import connect
-from tests.support.factories import make_token
+from tests.support.factories import make_tokens
 from tests.support.processes import REPO, Services
 from tests.support.sleep_executor import SleepExecutor
 
@@ -46,21 +44,7 @@ MACHINES: list[dict[str, Any]] = [
 ]
 
 
-@pytest.fixture
-async def services(database_url: str, tmp_path: Path) -> AsyncIterator[Services]:
-    svc = Services(database_url, tmp_path / "services")
-    try:
-        yield svc
-    finally:
-        svc.stop_all()
 
-
-async def _tokens(database_url: str) -> tuple[str, str]:
-    conn = await connect(database_url)
-    admin, _ = await make_token(conn, "admin")
-    executor, _ = await make_token(conn, "executor")
-    await conn.close()
-    return admin, executor
 
 
 async def _call(session: aiohttp.ClientSession, url: str, token: str, method: str = "GET",
@@ -104,7 +88,7 @@ async def test_web_ui_end_to_end(services: Services) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     print(f"\nscreenshots: {SCREENSHOTS}")
     await services.start_all()
-    admin, executor_token = await _tokens(services.database_url)
+    admin, executor_token = await make_tokens(services.database_url)
 
     # The static app is public (the page itself holds no secret); the API behind it is not.
     async with aiohttp.ClientSession() as session:
