@@ -51,7 +51,9 @@ CREATE TABLE tasks (
     UNIQUE (team, project, name),
     CHECK ((status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
 );
-CREATE INDEX tasks_unsplit ON tasks (id) WHERE status IN ('submitted', 'splitting');
+-- Splittable: the split is not done and the task has not ended. Not a status: the first claim makes a
+-- task 'running' while it is still splitting.
+CREATE INDEX tasks_unsplit ON tasks (id) WHERE NOT split_done AND status NOT IN ('completed', 'failed', 'cancelled');
 CREATE INDEX tasks_team_created ON tasks (team, id DESC);
 
 CREATE TABLE executors (
@@ -172,3 +174,5 @@ CREATE TABLE subtask_attempts (
 );
 CREATE INDEX subtask_attempts_subtask ON subtask_attempts (task_id, subtask_id);
 CREATE INDEX subtask_attempts_ended ON subtask_attempts (ended_at);
+-- A task's latest finished attempts (the straggler threshold).
+CREATE INDEX subtask_attempts_task_done ON subtask_attempts (task_id, ended_at DESC) WHERE outcome = 'done';

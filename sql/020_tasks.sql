@@ -42,8 +42,8 @@ CREATE FUNCTION minion_begin_split(p_task_id bigint,
     OUT split_offset bigint, OUT split_records bigint, OUT next_subtask_id integer)
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE tasks t SET status = 'splitting'
-     WHERE t.id = p_task_id AND t.status IN ('submitted', 'splitting') AND NOT t.split_done
+    UPDATE tasks t SET status = CASE WHEN t.status = 'submitted' THEN 'splitting' ELSE t.status END
+     WHERE t.id = p_task_id AND NOT t.split_done AND t.status NOT IN ('completed', 'failed', 'cancelled')
     RETURNING t.split_offset, t.split_records INTO split_offset, split_records;
     IF NOT FOUND THEN
         RETURN;
@@ -91,16 +91,26 @@ END $$;
 -- their tokens vanish with them, so a late complete gets 409).
 CREATE FUNCTION minion_fail_split(p_task_id bigint, p_error text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM 1 FROM subtasks WHERE task_id = p_task_id ORDER BY subtask_id FOR UPDATE;
+    PERFORM 1 FROM tasks WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled')
+        FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;  -- ended meanwhile (a cancel): its committed results stay
+    END IF;
     DELETE FROM subtasks WHERE task_id = p_task_id;
     UPDATE tasks
        SET status = 'failed', error = p_error, finished_at = now(), split_done = true, open_subtasks = 0
-     WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');
+     WHERE id = p_task_id;
 END $$;
 
 -- Cancel: pending and leased subtasks become cancelled at once; a leased one's executor learns it at
 -- its next heartbeat (the token is kept so the answer is 'cancelled', not 'lost').
 CREATE FUNCTION minion_cancel_task(p_task_id bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
+    -- Lock order everywhere: subtasks (by id), then the task. Completing, failing and reclaiming
+    -- lock a subtask, then its task; taking the task first here would deadlock with them.
+    PERFORM 1 FROM subtasks WHERE task_id = p_task_id AND state IN ('pending', 'leased')
+      ORDER BY subtask_id FOR UPDATE;
     UPDATE tasks SET status = 'cancelled', finished_at = now(), open_subtasks = 0, split_done = true
      WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');
     IF NOT FOUND THEN

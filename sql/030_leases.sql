@@ -31,6 +31,8 @@ CREATE FUNCTION minion_claim_in(p_executor uuid, p_caps text[], p_team text, p_p
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
     cand record;
+    t record;
+    found_one boolean := false;
     tok uuid := gen_random_uuid();
 BEGIN
     IF p_team IS NULL THEN
@@ -42,19 +44,35 @@ BEGIN
                 ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                   FOR UPDATE SKIP LOCKED) q
          ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
-    ELSE
+        found_one := FOUND;
+    ELSIF p_project IS NULL THEN
         SELECT q.task_id, q.subtask_id, q.team, q.project, q.task_name INTO cand
           FROM unnest(p_caps) AS c(cap)
          CROSS JOIN LATERAL (
                SELECT s.priority, s.task_id, s.subtask_id, s.team, s.project, s.task_name FROM subtasks s
                 WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
-                  AND (p_project IS NULL OR s.project = p_project)
-                  AND (p_task_name IS NULL OR s.task_name = p_task_name)
                 ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                   FOR UPDATE SKIP LOCKED) q
          ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
+        found_one := FOUND;
+    ELSE
+        -- A project or a task: through its few open task rows, each an O(log n) probe of the
+        -- queue index (capability, priority and task are all known).
+        FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap FROM tasks
+                  WHERE team = p_team AND project = p_project
+                    AND (p_task_name IS NULL OR name = p_task_name)
+                    AND NOT (status IN ('completed', 'failed', 'cancelled'))
+                  ORDER BY priority DESC, id LOOP
+            CONTINUE WHEN NOT (t.cap = ANY (p_caps));
+            SELECT s.task_id, s.subtask_id, s.team, s.project, s.task_name INTO cand FROM subtasks s
+             WHERE s.state = 'pending' AND s.capability = t.cap AND s.priority = t.priority AND s.task_id = t.id
+             ORDER BY s.subtask_id LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+            found_one := FOUND;
+            EXIT WHEN found_one;
+        END LOOP;
     END IF;
-    IF NOT FOUND THEN
+    IF NOT found_one THEN
         RETURN NULL;
     END IF;
 
@@ -77,22 +95,34 @@ DECLARE
     tok uuid;
 BEGIN
     FOR cand IN
-        SELECT s.task_id, s.subtask_id FROM subtasks s
-         WHERE s.state = 'leased' AND s.capability = ANY (p_caps)
-           AND (p_team IS NULL OR s.team = p_team)
-           AND s.lease_executor <> p_executor
+        WITH leased AS (
+            -- Few rows: one per busy executor (partial index subtasks_leased_at).
+            SELECT s.task_id, s.subtask_id, s.leased_at, s.capability, s.priority FROM subtasks s
+             WHERE s.state = 'leased' AND s.capability = ANY (p_caps)
+               AND (p_team IS NULL OR s.team = p_team) AND s.lease_executor <> p_executor
+        ), tails AS (
+            -- Tasks with nothing left pending: the only ones whose stragglers hold up the end.
+            SELECT DISTINCT l.task_id FROM leased l
+             WHERE NOT EXISTS (SELECT 1 FROM subtasks p
+                                WHERE p.state = 'pending' AND p.capability = l.capability
+                                  AND p.priority = l.priority AND p.task_id = l.task_id)
+        ), thresholds AS (
+            -- Once per task, over its latest 1,000 finished attempts: bounded, whatever its size.
+            SELECT t.task_id, p_factor * make_interval(secs => m.median_s) AS too_long
+              FROM tails t
+             CROSS JOIN LATERAL (
+                   SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x.secs) AS median_s, count(*) AS n
+                     FROM (SELECT extract(epoch FROM a.ended_at - a.started_at) AS secs
+                             FROM subtask_attempts a
+                            WHERE a.task_id = t.task_id AND a.outcome = 'done'
+                            ORDER BY a.ended_at DESC LIMIT 1000) x) m
+             WHERE m.n >= 3
+        )
+        SELECT l.task_id, l.subtask_id FROM leased l JOIN thresholds th ON th.task_id = l.task_id
+         WHERE now() - l.leased_at > th.too_long
            AND NOT EXISTS (SELECT 1 FROM subtask_backups b
-                            WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id)
-           AND NOT EXISTS (SELECT 1 FROM subtasks p
-                            WHERE p.state = 'pending' AND p.capability = s.capability
-                              AND p.priority = s.priority AND p.task_id = s.task_id)
-           AND now() - s.leased_at > p_factor * (
-                   SELECT make_interval(secs => percentile_cont(0.5) WITHIN GROUP (
-                              ORDER BY extract(epoch FROM a.ended_at - a.started_at)))
-                     FROM subtask_attempts a
-                    WHERE a.task_id = s.task_id AND a.outcome = 'done'
-                   HAVING count(*) >= 3)
-         ORDER BY s.leased_at
+                            WHERE b.task_id = l.task_id AND b.subtask_id = l.subtask_id)
+         ORDER BY l.leased_at
          LIMIT 4
     LOOP
         -- Lock the subtask so a completion racing with us either finishes first (we skip it) or
@@ -176,7 +206,8 @@ CREATE FUNCTION minion_heartbeat(p_executor uuid, p_tokens uuid[])
 RETURNS TABLE (lease_token uuid, state text) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-    UPDATE executors SET status = 'online' WHERE id = p_executor AND status <> 'online';
+    -- A lost executor that beats again is back; a deregistered one stays offline until it registers.
+    UPDATE executors SET status = 'online' WHERE id = p_executor AND status = 'lost';
     PERFORM minion_beat(p_executor);
     RETURN QUERY
     SELECT t.tok,
@@ -281,6 +312,16 @@ CREATE FUNCTION minion_token_role(s subtasks, p_token uuid) RETURNS text LANGUAG
                               WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id
                                 AND b.lease_token = p_token) THEN 'backup'
                 ELSE 'lost' END
+$$;
+
+-- Whose is a lease: the API token of the executor holding it (primary or backup), NULL if none.
+CREATE FUNCTION minion_lease_owner(p_token uuid) RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT e.token_id FROM subtasks s JOIN executors e ON e.id = s.lease_executor
+     WHERE s.lease_token = p_token AND s.state = 'leased'
+    UNION ALL
+    SELECT e.token_id FROM subtask_backups b JOIN executors e ON e.id = b.executor_id
+     WHERE b.lease_token = p_token
+    LIMIT 1
 $$;
 
 -- The object a current lease (or backup) must have written before it may complete.

@@ -28,6 +28,12 @@ BEGIN
             registered_at = now()
     RETURNING e.id INTO ex_id;
 
+    -- A process that registers holds no lease: any the row still holds belonged to a predecessor
+    -- under the same name (a restarted agent), whose work is gone. Without this they would stay
+    -- leased for good: the new process keeps the row's heartbeat fresh.
+    PERFORM minion_end_executor_leases(ex_id, 'lost',
+        'executor restarted (registered again) while holding this lease', true);
+
     DELETE FROM executor_preferences WHERE executor_id = ex_id;
     INSERT INTO executor_preferences (executor_id, position, team, project, task_name)
     SELECT ex_id, (p.ord - 1)::integer, p.value ->> 'team', p.value ->> 'project', p.value ->> 'task_name'

@@ -200,3 +200,26 @@ async def test_503_with_retry_after_while_the_database_is_down(tmp_path: Path) -
             assert (await api.call("GET", "/api/v1/tasks")).status == 200
     finally:
         pg.stop("immediate")
+
+
+async def test_a_lease_answers_only_to_its_executors_token(api: ApiHarness, database_url: str,
+                                                            tmp_path: Path) -> None:
+    conn = await connect(database_url)
+    await make_task(conn, subtasks=1, input_uri=(tmp_path / "store" / "inputs" / "x.jsonl").as_uri())
+    intruder, _ = await make_token(conn, "executor")
+    await conn.close()
+    executor_id = await api.register()
+    lease = (await api.call("POST", f"/api/v1/executors/{executor_id}/claim?wait=0", token="executor")).body
+    token = lease["lease"]["token"]
+    for action in ("fail", "release"):
+        reply = await api.call("POST", f"/api/v1/leases/{token}/{action}", token=intruder,
+                               json={"error": "x"})
+        assert reply.status == 403 and reply.error["code"] == "not_your_lease"
+    assert (await api.call("POST", f"/api/v1/leases/{token}/release", token="executor")).status == 200
+
+
+async def test_identical_submissions_racing_keep_the_winners_input(api: ApiHarness) -> None:
+    replies = await asyncio.gather(*(api.call("POST", "/api/v1/tasks", json=SLEEP_TASK) for _ in range(4)))
+    assert sorted(r.status for r in replies) == [200, 200, 200, 201]
+    uri = replies[0].body["input_uri"]
+    assert await asyncio.to_thread(Path(uri.removeprefix("file://")).exists)

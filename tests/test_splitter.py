@@ -511,3 +511,39 @@ async def test_service_rejects_missing_settings() -> None:
     _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"MINIONS_DATABASE_URL and MINIONS_STORE must be set" in err
+
+
+async def test_a_split_cut_short_after_the_first_claim_resumes(database_url: str) -> None:
+    """The first claim makes a task 'running' while it is still splitting; a splitter that died then
+    must still find the task, and finish its split."""
+    from minions.db.connect import connect
+    from minions.db.queries import Queries
+
+    conn = await connect(database_url)
+    task_id = await conn.fetchval(
+        """INSERT INTO tasks (team, project, name, kind, model, subtask_size, max_attempts, input_uri, request_hash)
+           VALUES ('a', 'b', 'c', 'sleep', 'sleep', 1, 3, 'file:///x', 'h') RETURNING id""")
+    await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+    assert await conn.fetchval("SELECT minion_add_subtasks($1, '{0}', '{10}', '{0}', '{1}', 0, 10, 1)", task_id)
+    await conn.execute("UPDATE tasks SET status = 'running', started_at = now() WHERE id = $1", task_id)
+    assert [r["id"] for r in await conn.fetch(Queries("splitter").unsplit_tasks, 10)] == [task_id]
+    resume = await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+    assert (resume["split_offset"], resume["split_records"], resume["next_subtask_id"]) == (10, 1, 1)
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"
+    await conn.close()
+
+
+async def test_failing_the_split_of_a_cancelled_task_keeps_its_results(database_url: str) -> None:
+    from minions.db.connect import connect
+
+    conn = await connect(database_url)
+    task_id = await conn.fetchval(
+        """INSERT INTO tasks (team, project, name, kind, model, subtask_size, max_attempts, input_uri, request_hash)
+           VALUES ('a', 'b', 'c', 'sleep', 'sleep', 1, 3, 'file:///x', 'h') RETURNING id""")
+    await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+    assert await conn.fetchval("SELECT minion_add_subtasks($1, '{0}', '{10}', '{0}', '{1}', 0, 10, 1)", task_id)
+    await conn.execute("SELECT minion_cancel_task($1)", task_id)
+    await conn.execute("SELECT minion_fail_split($1, 'line 9: bad')", task_id)
+    assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1", task_id) == 1
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "cancelled"
+    await conn.close()

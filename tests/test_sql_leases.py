@@ -169,3 +169,49 @@ async def test_claim_uses_the_pending_index(database_url: str) -> None:
     )
     assert "subtasks_pending_queue" in str(plan)
     await conn.close()
+
+
+async def test_project_and_task_preferences(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    other = await make_task(conn, team="search", project="other", subtasks=1)
+    ranker = await make_task(conn, team="search", project="ranker", name="emb-1", subtasks=1)
+    exact = await make_task(conn, team="search", project="ranker", name="emb-2", subtasks=1)
+    ex = await make_executor(conn, token_id, preferences=[
+        {"team": "search", "project": "ranker", "task_name": "emb-2"}, {"team": "search", "project": "ranker"}])
+    order = [(await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex))["task_id"] for _ in range(3)]
+    assert order == [exact, ranker, other]
+    await conn.close()
+
+
+async def test_registering_again_ends_the_leases_of_the_previous_process(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=1)
+    ex = await make_executor(conn, token_id, name="anna-mbp")
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    # The agent restarts under the same name: its old lease is gone with the old process.
+    assert await make_executor(conn, token_id, name="anna-mbp") == ex
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.1)", lease["lease_token"]) == "lost"
+    again = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    assert (again["task_id"], again["attempt"]) == (task_id, 2)
+    outcome = await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE task_id = $1", task_id)
+    assert outcome == "lost"
+    await conn.close()
+
+
+async def test_cancel_racing_completes_and_fails_never_deadlocks(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    pool = await create_pool(database_url, min_size=9, max_size=9)
+    executors = [await make_executor(conn, token_id) for _ in range(8)]
+    for _ in range(8):
+        task_id = await make_task(conn, subtasks=40)
+        leases = [await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", e) for e in executors]
+
+        async def finish(i: int, lease: asyncpg.Record) -> None:
+            sql = "SELECT minion_complete($1, 1, 0.1)" if i % 2 else "SELECT minion_fail($1, 'x', true)"
+            await pool.fetchval(sql, lease["lease_token"])
+
+        await asyncio.gather(*(finish(i, lease) for i, lease in enumerate(leases)),
+                             pool.fetchval("SELECT minion_cancel_task($1)", task_id))
+        assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "cancelled"
+    await pool.close()
+    await conn.close()

@@ -13,6 +13,7 @@ from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
 from services.api import routes as _routes  # noqa: F401  (package marker)
 from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
@@ -112,6 +113,19 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
         return error_response(exc.status, code, exc.reason, headers=headers)
+    except (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError) as exc:
+        # Transient by nature: the client's retry goes through.
+        log.warning("database_conflict", path=request.path, error=str(exc))
+        return error_response(503, "retry", "the database asked to retry; retry shortly",
+                              headers={"Retry-After": "1"})
+    except InvalidKey as exc:
+        return error_response(422, "invalid", str(exc))
+    except ObjectNotFound as exc:
+        return error_response(404, "not_found", str(exc))
+    except StoreError as exc:
+        log.warning("store_unavailable", path=request.path, error=str(exc))
+        return error_response(503, "store_unavailable", f"the object store failed: {exc}; retry shortly",
+                              headers={"Retry-After": "2"})
     except CONNECTION_ERRORS as exc:
         log.warning("database_unavailable", path=request.path, error=str(exc))
         return error_response(503, "database_unavailable", "the database is unreachable; retry shortly",

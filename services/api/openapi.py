@@ -431,7 +431,8 @@ def _paths() -> dict[str, Schema]:
     executor_errors = {"e403": "Not an executor token (`wrong_role`), or the executor was registered with "
                                "another token (`not_your_executor`).",
                        "e404": "No such executor."}
-    lease_errors = {"e403": "Not an executor token (`wrong_role`)."}
+    lease_errors = {"e403": "Not an executor token (`wrong_role`), or the lease is held by an executor of another "
+                            "token (`not_your_lease`)."}
     return {
         "/api/v1/health": {"get": {
             "operationId": "health",

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from minions.store.base import ObjectStore
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+from services.api.responses import iso
 
 
 def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
@@ -38,9 +34,9 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "done": row["records_done"],
         },
         "input_uri": row["input_uri"],
-        "created_at": _iso(row["created_at"]),
-        "started_at": _iso(row["started_at"]),
-        "finished_at": _iso(row["finished_at"]),
+        "created_at": iso(row["created_at"]),
+        "started_at": iso(row["started_at"]),
+        "finished_at": iso(row["finished_at"]),
         "output_uri": (
             f"/api/v1/tasks/{row['team']}/{row['project']}/{row['name']}/results" if finished else None
         ),

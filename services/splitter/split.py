@@ -32,6 +32,8 @@ BATCH_INTERVAL_S = 0.5
 # With no batch to insert for this long (huge subtasks), look whether the task was cancelled.
 CANCEL_CHECK_S = 5.0
 
+FINISHED = ("completed", "failed", "cancelled")
+
 
 class StoreUnavailable(Exception):
     """Reading the input failed for a reason that may pass (network, throttling): retry later."""
@@ -128,7 +130,8 @@ async def split_task(
         nonlocal last_db
         row = await conn.fetchrow(Q.task_status, task_id)
         last_db = time.monotonic()
-        return row is not None and row["status"] in ("submitted", "splitting") and not row["split_done"]
+        # Not a status test: the first claim makes a task "running" while it is still splitting.
+        return row is not None and row["status"] not in FINISHED and not row["split_done"]
 
     try:
         if not store.readable(uri):

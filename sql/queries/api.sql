@@ -61,6 +61,9 @@ SELECT * FROM minion_claim($1, $2, $3);
 -- name: heartbeat
 SELECT * FROM minion_heartbeat($1, $2);
 
+-- name: lease_owner
+SELECT minion_lease_owner($1);
+
 -- name: lease_output_key
 SELECT minion_lease_output_key($1);
 
@@ -77,7 +80,8 @@ SELECT minion_release($1);
 SELECT minion_deregister($1);
 
 -- name: list_executors
--- $1 team filter (NULL: all), $2 lease timeout (for the derived status)
+-- $1 team filter (NULL: all), $2 lease timeout (for the derived status), $3 the viewer's team scope
+-- (NULL: sees all; else it sees a shared executor's work for its own team only)
 SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.registered_at,
        h.alive_at AS last_heartbeat_at,
        minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, $2) AS status,
@@ -88,7 +92,8 @@ SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.regi
                                                      'task_name', s.task_name, 'subtask_id', s.subtask_id,
                                                      'attempt', s.attempts, 'leased_at', s.leased_at)
                                   ORDER BY s.leased_at)
-                   FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'), '[]') AS current
+                   FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'
+                    AND ($3::text IS NULL OR s.team = $3)), '[]') AS current
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;

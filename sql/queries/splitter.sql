@@ -12,7 +12,7 @@ SELECT 1;
 -- tasks_unsplit; NOTIFY only wakes the splitter, this query is the record of the work.
 SELECT id
   FROM tasks
- WHERE status IN ('submitted', 'splitting') AND NOT split_done
+ WHERE NOT split_done AND status NOT IN ('completed', 'failed', 'cancelled')
  ORDER BY priority DESC, id
  LIMIT $1;
 

@@ -8,15 +8,16 @@ from typing import Any
 
 from aiohttp import web
 
-from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME
 from minions.records import KINDS
+from minions.store.base import StoreError
 from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from services.api.auth import Principal, require
 from services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
 from services.api.errors import ApiError, forbidden, invalid, not_found
+from services.api.responses import json_response
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -24,10 +25,6 @@ routes = web.RouteTableDef()
 # Presigned URLs outlive any lease a heartbeating executor can hold in practice; they are keyed per
 # attempt, so a late writer cannot harm a committed result (invariant 4).
 URL_LIFETIME_S = 12 * 3600.0
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsoncodec.dumps(data), status=status, content_type="application/json")
 
 
 def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -> list[str]:
@@ -96,7 +93,7 @@ async def register(request: web.Request) -> web.Response:
         Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs
     )
     log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
-    return _json({
+    return json_response({
         "executor_id": str(executor_id),
         "heartbeat_interval_s": settings.heartbeat_interval_s,
         "lease_timeout_s": settings.lease_timeout_s,
@@ -128,14 +125,33 @@ async def claim(request: web.Request) -> web.Response:
     deadline = loop.time() + wait
     with waiters.registered(frozenset(executor["capabilities"])) as waiter:
         while True:
+            # aiohttp lets a handler run on after its client hung up: a long poll of an executor
+            # that died (kill -9, crash) must not win a lease nobody will ever hear of. (After a
+            # quick restart under the same name that lease would never be reclaimed: the new
+            # process keeps the executor's heartbeat fresh.)
+            if _hung_up(request):
+                return web.Response(status=204)
             row = await pool.fetchrow(Q.claim, executor["id"], settings.lease_timeout_s,
                                       settings.straggler_factor)
             if row is not None:
-                return _json(await _lease(request, row))
+                if _hung_up(request):
+                    await pool.fetchval(Q.release, row["lease_token"])
+                    return web.Response(status=204)
+                try:
+                    return json_response(await _lease(request, row))
+                except StoreError:
+                    # The claim committed but the executor cannot be told: hand it back now rather
+                    # than leave it to the watchdog (the executor keeps heartbeating).
+                    await pool.fetchval(Q.release, row["lease_token"])
+                    raise
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return web.Response(status=204)
             await waiter.wait(remaining)
+
+
+def _hung_up(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
 
 
 async def _lease(request: web.Request, row: Any) -> dict[str, Any]:
@@ -185,7 +201,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed)
     states = {str(r["lease_token"]): r["state"] for r in rows}
     # A token that is not even a UUID was never a lease: it is lost, like any stale one.
-    return _json({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})
+    return json_response({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})
 
 
 @routes.post("/api/v1/executors/{executor_id}/deregister")
@@ -193,7 +209,7 @@ async def deregister(request: web.Request) -> web.Response:
     executor = await _own_executor(request)
     released = await request.app[POOL].fetchval(Q.deregister, executor["id"])
     log.info("executor_deregistered", executor_id=str(executor["id"]), released=released)
-    return _json({"status": "offline", "released": released})
+    return json_response({"status": "offline", "released": released})
 
 
 @routes.get("/api/v1/executors")
@@ -204,8 +220,9 @@ async def list_executors(request: web.Request) -> web.Response:
         raise invalid({"team": "not a valid name"})
     if principal.role != "admin" and principal.team is not None and team != principal.team:
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
-    rows = await request.app[POOL].fetch(Q.list_executors, team, request.app[SETTINGS].lease_timeout_s)
-    return _json({"executors": [
+    scope = None if principal.role == "admin" else principal.team
+    rows = await request.app[POOL].fetch(Q.list_executors, team, request.app[SETTINGS].lease_timeout_s, scope)
+    return json_response({"executors": [
         {
             "id": str(r["id"]), "name": r["name"], "team": r["team"], "status": r["status"],
             "hardware": r["hardware"], "kinds": r["kinds"], "models": r["models"],

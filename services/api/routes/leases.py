@@ -14,7 +14,7 @@ from minions.logging import get_logger
 from services.api.appkeys import POOL, STORE
 from services.api.auth import require
 from services.api.bodies import json_object, without_nul
-from services.api.errors import ApiError, conflict, invalid
+from services.api.errors import ApiError, conflict, forbidden, invalid
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -33,12 +33,18 @@ def _ok() -> web.Response:
     return web.Response(body=jsoncodec.dumps({"status": "ok"}), content_type="application/json")
 
 
-def _token(request: web.Request) -> uuid.UUID:
-    require(request, "executor")
+async def _token(request: web.Request) -> uuid.UUID:
+    """The lease token of the path, held by one of the caller's executors (an admin may act on any)."""
+    principal = require(request, "executor")
     try:
-        return uuid.UUID(request.match_info["token"])
+        token = uuid.UUID(request.match_info["token"])
     except ValueError:
         raise conflict(*_REFUSED["lost"]) from None
+    if principal.role != "admin":
+        owner = await request.app[POOL].fetchval(Q.lease_owner, token)
+        if owner is not None and owner != principal.token_id:
+            raise forbidden("this lease is held by an executor of another token", "not_your_lease")
+    return token
 
 
 def _verdict(verdict: str) -> None:
@@ -62,7 +68,7 @@ def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) ->
 
 @routes.post("/api/v1/leases/{token}/complete")
 async def complete(request: web.Request) -> web.Response:
-    token = _token(request)
+    token = await _token(request)
     body = await json_object(request)
     records = _number(body, "records", required=True, integer=True)
     seconds = _number(body, "seconds", required=False, integer=False)
@@ -77,7 +83,7 @@ async def complete(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/leases/{token}/fail")
 async def fail(request: web.Request) -> web.Response:
-    token = _token(request)
+    token = await _token(request)
     body = await json_object(request)
     error = body.get("error")
     retryable = body.get("retryable", True)
@@ -92,6 +98,6 @@ async def fail(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/leases/{token}/release")
 async def release(request: web.Request) -> web.Response:
-    token = _token(request)
+    token = await _token(request)
     _verdict(await request.app[POOL].fetchval(Q.release, token))
     return _ok()

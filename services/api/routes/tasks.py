@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -14,12 +15,13 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
-from minions.store.base import ObjectNotFound, ObjectStore
+from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 from services.api.appkeys import POOL, SETTINGS, STORE
 from services.api.auth import Principal, require
 from services.api.bodies import json_object, query_int
 from services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from services.api.representations import task_object
+from services.api.responses import json_response
 from services.api.validation import TaskRequest, validate_task
 
 Q = Queries("api")
@@ -28,10 +30,6 @@ routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 RESULT_PAGE = 200
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsoncodec.dumps(data), status=status, content_type="application/json")
 
 
 async def _task_row(request: web.Request, principal: Principal) -> Any:
@@ -47,7 +45,10 @@ async def _task_row(request: web.Request, principal: Principal) -> Any:
 @routes.post("/api/v1/tasks")
 async def submit_task(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    task = validate_task(await json_object(request))
+    body = await json_object(request)
+    # Up to 64 MiB of inline records: validated in a thread so claims and heartbeats keep flowing.
+    task = await asyncio.to_thread(validate_task, body) if request.content_length and \
+        request.content_length > 1 << 20 else validate_task(body)
     if not principal.can_see_team(task.team):
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
     pool, store = request.app[POOL], request.app[STORE]
@@ -62,14 +63,16 @@ async def submit_task(request: web.Request) -> web.Response:
         task.priority, task.subtask_size, request.app[SETTINGS].max_attempts, input_uri,
         task.request_hash, principal.token_id,
     )
-    if task_id is None:  # lost a race with an identical name: same answer as a re-submission
-        if task.records_jsonl is not None:
-            await store.delete(input_uri)
+    if task_id is None:  # lost a race for the name: answered like a re-submission
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
+        if task.records_jsonl is not None and existing["request_hash"] != task.request_hash:
+            # Only a different body's input is ours alone to remove: an identical body wrote the very
+            # object (keyed by its hash) that the winning task reads.
+            await store.delete(input_uri)
         return await _resubmitted(request, task, existing)
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
              model=task.model)
-    return _json(task_object(await pool.fetchrow(Q.task_by_id, task_id), store), 201)
+    return json_response(task_object(await pool.fetchrow(Q.task_by_id, task_id), store), 201)
 
 
 async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -> web.Response:
@@ -78,7 +81,7 @@ async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -
         raise conflict("task_exists",
                        f"task {task.team}/{task.project}/{task.name} exists with a different definition")
     row = await request.app[POOL].fetchrow(Q.task_by_id, existing["id"])
-    return _json(task_object(row, request.app[STORE]), 200)
+    return json_response(task_object(row, request.app[STORE]), 200)
 
 
 async def _store_input(store: ObjectStore, task: TaskRequest) -> str:
@@ -89,7 +92,11 @@ async def _store_input(store: ObjectStore, task: TaskRequest) -> str:
     if not store.readable(task.input_uri):
         raise invalid({"input.uri": f"not readable by this server's store ({store.root_uri}); "
                                     "upload it with POST /api/v1/inputs or use an s3:// URI"})
-    if await store.size(task.input_uri) is None:
+    try:
+        size = await store.size(task.input_uri)
+    except StoreError as exc:  # e.g. access denied: the client's URI, not an outage of ours
+        raise invalid({"input.uri": f"cannot be read: {exc}"}) from None
+    if size is None:
         raise invalid({"input.uri": "no such object"})
     return task.input_uri
 
@@ -100,7 +107,7 @@ async def list_tasks(request: web.Request) -> web.Response:
     team = request.query.get("team") or None
     if principal.role != "admin" and principal.team is not None:
         if team is not None and team != principal.team:
-            return _json({"tasks": [], "next": None})
+            return json_response({"tasks": [], "next": None})
         team = principal.team
     project = request.query.get("project") or None
     status = request.query.get("status") or None
@@ -123,13 +130,13 @@ async def list_tasks(request: web.Request) -> web.Response:
     rows = await request.app[POOL].fetch(Q.list_tasks, team, project, status, cursor, limit)
     store = request.app[STORE]
     next_cursor = str(rows[-1]["id"]) if len(rows) == limit else None
-    return _json({"tasks": [task_object(r, store) for r in rows], "next": next_cursor})
+    return json_response({"tasks": [task_object(r, store) for r in rows], "next": next_cursor})
 
 
 @routes.get("/api/v1/tasks/{team}/{project}/{name}")
 async def show_task(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    return _json(task_object(await _task_row(request, principal), request.app[STORE]))
+    return json_response(task_object(await _task_row(request, principal), request.app[STORE]))
 
 
 @routes.post("/api/v1/tasks/{team}/{project}/{name}/cancel")
@@ -142,7 +149,7 @@ async def cancel_task(request: web.Request) -> web.Response:
             raise conflict("task_finished", f"task is already {row['status']}; only a running task can be "
                                             "cancelled")
     log.info("task_cancelled", task_id=row["id"])
-    return _json(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
+    return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
 
 
 @routes.get("/api/v1/tasks/{team}/{project}/{name}/results")
@@ -222,4 +229,4 @@ async def upload_input(request: web.Request) -> web.Response:
     if size == 0:
         await store.delete(uri)
         raise invalid({"body": "empty input: send at least one JSONL record"})
-    return _json({"uri": uri, "bytes": size}, 201)
+    return json_response({"uri": uri, "bytes": size}, 201)
