@@ -25,6 +25,7 @@ class Child:
     log_path: Path
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
+    stopping: bool = False
     log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
@@ -58,7 +59,7 @@ class Supervisor:
             code = await child.process.wait()
             if child.log_file:
                 child.log_file.close()
-            if self._stopping:
+            if self._stopping or child.stopping:
                 return
             child.restarts += 1
             log.warning("child_exited", child=child.name, code=code, restart_in_s=delay, log=str(child.log_path))
@@ -66,6 +67,8 @@ class Supervisor:
                   f"(log: {child.log_path})", file=sys.stderr)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+            if self._stopping or child.stopping:  # stopped while we waited to restart it
+                return
             await self._spawn(child)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
@@ -83,6 +86,7 @@ class Supervisor:
 
     @staticmethod
     async def _stop_child(child: Child, timeout_s: float) -> None:
+        child.stopping = True
         if child.process is None or child.process.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):

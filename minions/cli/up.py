@@ -132,8 +132,7 @@ async def _executor_token(data_dir: Path, database_url: str) -> str:
     token = path.read_text().strip() if path.exists() else new_token()
     await create_token(database_url, "executor", None, "minions up local agents", token)
     if not path.exists():
-        path.write_text(token)
-        path.chmod(0o600)
+        write_secret(path, token.encode())
     return token
 
 
@@ -150,6 +149,14 @@ async def _until_signal() -> None:
     await stop.wait()
 
 
+def write_secret(path: Path, data: bytes) -> None:
+    """Create the file readable by its owner only from the start (no moment of wider access)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT: tighten it too
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -159,7 +166,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(jsoncodec.dumps(value))
-    os.chmod(tmp, 0o600)
+    write_secret(tmp, jsoncodec.dumps(value))
     tmp.replace(path)
     print(f"wrote {path}", file=sys.stderr)

@@ -77,7 +77,8 @@ class Watchdog:
                 next_sweep = loop_now + self.settings.sweep_interval_s
             for executor_id in self.deadlines.due():
                 await self._reclaim(conn, executor_id)
-            timeout = min(self.deadlines.seconds_to_next() or float("inf"), next_sweep - loop_now)
+            to_next = self.deadlines.seconds_to_next()  # 0.0 is a deadline due now, not "none"
+            timeout = min(float("inf") if to_next is None else to_next, next_sweep - loop_now)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.01, timeout))
