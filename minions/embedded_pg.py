@@ -8,8 +8,10 @@ As root, PostgreSQL refuses to run, so the wheel's own system user runs it, as `
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,10 +66,20 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.url_for("postgres")
 
     def url_for(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        password = self._password()
+        credentials = f"postgres:{password}" if password else "postgres"
+        return f"postgresql://{credentials}@127.0.0.1:{self.port}/{database}"
+
+    @property
+    def _password_file(self) -> Path:
+        return self.pgdata / "minions.password"
+
+    def _password(self) -> str | None:
+        # A cluster made before passwords were set trusts loopback: no password then.
+        return self._password_file.read_text().strip() if self._password_file.exists() else None
 
     @property
     def log_file(self) -> Path:
@@ -93,7 +105,21 @@ class EmbeddedPostgres:
 
             ensure_prefix_permissions(self.pgdata)
         self._chown(self.pgdata)
-        self._pg(["initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=utf8", "-U", "postgres"])
+        # TCP connections need the password (any local user could otherwise connect as superuser);
+        # it lives in the data folder, readable by its owner only, and in the URL we hand out.
+        password = secrets.token_urlsafe(24)
+        with tempfile.NamedTemporaryFile("w", dir=self.pgdata.parent, delete=False) as pwfile:
+            pwfile.write(password + "\n")
+        try:
+            os.chmod(pwfile.name, 0o600)
+            self._chown(Path(pwfile.name))
+            self._pg(["initdb", "-D", str(self.pgdata), "--auth-local=trust", "--auth-host=scram-sha-256",
+                      f"--pwfile={pwfile.name}", "--encoding=utf8", "-U", "postgres"])
+        finally:
+            os.unlink(pwfile.name)
+        fd = os.open(self._password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password)
 
     def start(self) -> None:
         self.init()
