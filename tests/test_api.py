@@ -223,3 +223,23 @@ async def test_identical_submissions_racing_keep_the_winners_input(api: ApiHarne
     assert sorted(r.status for r in replies) == [200, 200, 200, 201]
     uri = replies[0].body["input_uri"]
     assert await asyncio.to_thread(Path(uri.removeprefix("file://")).exists)
+
+
+async def test_cancelled_mid_split_results_hold_every_record(api: ApiHarness) -> None:
+    records = [{"id": f"r{i}", "ms": 1} for i in range(10)]
+    assert (await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "input": {"records": records},
+                                                          "subtask_size": 2})).status == 201
+    conn = await connect(api.settings.database_url)
+    task_id = await conn.fetchval("SELECT id FROM tasks")
+    uri = await conn.fetchval("SELECT input_uri FROM tasks WHERE id = $1", task_id)
+    lines = (await asyncio.to_thread(Path(uri.removeprefix("file://")).read_bytes)).splitlines(keepends=True)
+    first_two = len(lines[0]) + len(lines[1])
+    # The splitter made one subtask of the first two records, then the task was cancelled.
+    await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
+    await conn.fetchval("SELECT minion_add_subtasks($1, '{0}', $2, '{0}', '{2}', 0, $3, 2)", task_id,
+                        [first_two], first_two)
+    await conn.close()
+    assert (await api.call("POST", "/api/v1/tasks/search/ranker/t1/cancel")).body["status"] == "cancelled"
+    results = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results")
+    assert [line for line in results.body.splitlines()] == [
+        b'{"id":"r%d","error":"task cancelled"}' % i for i in range(10)]

@@ -175,7 +175,7 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
     while True:
         page = await pool.fetch(Q.result_subtasks, task["id"], after, RESULT_PAGE)
         if not page:
-            return
+            break
         for sub in page:
             after = sub["subtask_id"]
             if sub["state"] == "done":
@@ -183,8 +183,16 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
                     yield chunk
             elif sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
                 reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
-                async for line in _error_lines(store, task, sub, reason or "failed"):
+                async for line in _error_lines(store, task, sub["byte_start"], sub["byte_end"],
+                                               reason or "failed"):
                     yield line
+    if task["status"] == "cancelled":
+        # Cancelled mid-split: the input past the split never became subtasks; its records still
+        # get their line, so results hold one line per input record.
+        size = await store.size(task["input_uri"])
+        if size is not None and task["split_offset"] < size:
+            async for line in _error_lines(store, task, task["split_offset"], size, "task cancelled"):
+                yield line
 
 
 async def _read_output(store: ObjectStore, uri: str) -> AsyncIterator[bytes]:
@@ -192,16 +200,16 @@ async def _read_output(store: ObjectStore, uri: str) -> AsyncIterator[bytes]:
         async for chunk in store.read(uri):
             yield chunk
     except ObjectNotFound:
-        # A committed output was removed from the store behind our back: say so in the stream
-        # rather than silently dropping records.
+        # A committed output was removed from the store behind our back: the stream breaks off
+        # (the client sees an incomplete response) rather than silently dropping records.
         log.error("committed_output_missing", uri=uri)
         raise
 
 
-async def _error_lines(store: ObjectStore, task: Any, sub: Any, reason: str) -> AsyncIterator[bytes]:
-    """One {"id", "error"} line per record of a subtask that did not produce results."""
+async def _error_lines(store: ObjectStore, task: Any, start: int, end: int, reason: str) -> AsyncIterator[bytes]:
+    """One {"id", "error"} line per input record in bytes [start, end) that produced no result."""
     buffer = b""
-    async for chunk in store.read(task["input_uri"], sub["byte_start"], sub["byte_end"]):
+    async for chunk in store.read(task["input_uri"], start, end):
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
