@@ -12,7 +12,7 @@ async def test_a_dead_child_is_restarted(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path)
     child = await supervisor.start("zen", "this", [], {})  # `python -m this` prints and exits at once
     for _ in range(50):
-        if child.restarts >= 1 and child.process and child.process.returncode is None or child.restarts >= 2:
+        if (child.restarts >= 1 and child.process and child.process.returncode is None) or child.restarts >= 2:
             break
         await asyncio.sleep(0.1)
     assert child.restarts >= 1
