@@ -37,6 +37,7 @@ chaos: install
 bench: install
 	$(PY) bench/claim.py
 	$(PY) bench/embed_agent.py
+	$(PY) bench/churn.py
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache

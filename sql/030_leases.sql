@@ -201,22 +201,44 @@ BEGIN
 END $$;
 
 -- Heartbeat: the executor is alive; each token it names (a lease or a backup) is answered ok, lost
--- or cancelled.
-CREATE FUNCTION minion_heartbeat(p_executor uuid, p_tokens uuid[])
+-- or cancelled. A heartbeat names every lease its executor holds, so a lease of this executor that
+-- it leaves out, and that is older than p_grace_s (a fresh lease may not have reached it yet), is
+-- one it never received (the claim's answer was lost on the wire) or forgot: ended as lost and
+-- requeued, as a silent executor's would be. NULL p_grace_s: no such check.
+CREATE FUNCTION minion_heartbeat(p_executor uuid, p_tokens uuid[], p_grace_s double precision DEFAULT NULL)
 RETURNS TABLE (lease_token uuid, state text) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    s subtasks;
+    tok uuid;
+    forgotten text := 'executor no longer names this lease in its heartbeats (it never received it, or lost it)';
 BEGIN
     -- A lost executor that beats again is back; a deregistered one stays offline until it registers.
     UPDATE executors SET status = 'online' WHERE id = p_executor AND status = 'lost';
     PERFORM minion_beat(p_executor);
+    IF p_grace_s IS NOT NULL THEN
+        FOR s IN SELECT * FROM subtasks sub
+                  WHERE sub.lease_executor = p_executor AND sub.state = 'leased'
+                    AND sub.leased_at < now() - make_interval(secs => p_grace_s)
+                    AND NOT (sub.lease_token = ANY (p_tokens))
+                  ORDER BY sub.task_id, sub.subtask_id FOR UPDATE LOOP
+            PERFORM minion_end_attempt(s, 'lost', forgotten, true, true);
+        END LOOP;
+        FOR tok IN SELECT b.lease_token FROM subtask_backups b
+                    WHERE b.executor_id = p_executor
+                      AND b.leased_at < now() - make_interval(secs => p_grace_s)
+                      AND NOT (b.lease_token = ANY (p_tokens)) LOOP
+            PERFORM minion_end_backup(tok, 'lost', forgotten);
+        END LOOP;
+    END IF;
     RETURN QUERY
     SELECT t.tok,
-           CASE WHEN s.state = 'leased' AND s.lease_executor = p_executor THEN 'ok'
+           CASE WHEN s2.state = 'leased' AND s2.lease_executor = p_executor THEN 'ok'
                 WHEN bs.state = 'leased' AND b.executor_id = p_executor THEN 'ok'
-                WHEN s.state = 'cancelled' THEN 'cancelled'
+                WHEN s2.state = 'cancelled' THEN 'cancelled'
                 ELSE 'lost' END
       FROM unnest(p_tokens) AS t(tok)
-      LEFT JOIN subtasks s ON s.lease_token = t.tok
+      LEFT JOIN subtasks s2 ON s2.lease_token = t.tok
       LEFT JOIN subtask_backups b ON b.lease_token = t.tok
       LEFT JOIN subtasks bs ON bs.task_id = b.task_id AND bs.subtask_id = b.subtask_id;
 END $$;

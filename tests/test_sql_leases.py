@@ -215,3 +215,24 @@ async def test_cancel_racing_completes_and_fails_never_deadlocks(database_url: s
         assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "cancelled"
     await pool.close()
     await conn.close()
+
+
+async def test_a_heartbeat_that_leaves_a_lease_out_ends_it_after_the_grace(database_url: str) -> None:
+    """A claim whose answer was lost: the executor heartbeats on without naming that lease."""
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=2)
+    ex = await make_executor(conn, token_id)
+    forgotten = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    known = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+    # Within the grace a fresh lease may not have reached the executor yet: nothing happens.
+    await conn.fetch("SELECT * FROM minion_heartbeat($1, $2, 60)", ex, [known["lease_token"]])
+    assert await conn.fetchval("SELECT minion_lease_count($1)", ex) == 2
+    await conn.execute("UPDATE subtasks SET leased_at = now() - interval '2 minutes' WHERE task_id = $1", task_id)
+    beats = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2, 60)", ex, [known["lease_token"]])
+    assert [(b["lease_token"], b["state"]) for b in beats] == [(known["lease_token"], "ok")]
+    sub = await conn.fetchrow("SELECT state, attempts FROM subtasks WHERE task_id = $1 AND subtask_id = $2",
+                              task_id, forgotten["subtask_id"])
+    assert sub["state"] == "pending"
+    assert await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE lease_token = $1",
+                               forgotten["lease_token"]) == "lost"
+    await conn.close()

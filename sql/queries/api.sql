@@ -59,7 +59,8 @@ SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
 SELECT * FROM minion_claim($1, $2, $3);
 
 -- name: heartbeat
-SELECT * FROM minion_heartbeat($1, $2);
+-- $3: grace before a lease the executor does not name is taken for one it never got (lease timeout)
+SELECT * FROM minion_heartbeat($1, $2, $3);
 
 -- name: lease_owner
 SELECT minion_lease_owner($1);

@@ -198,7 +198,9 @@ async def heartbeat(request: web.Request) -> web.Response:
     executor = await _own_executor(request)
     tokens = _tokens(await json_object(request, optional=True))
     parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
-    rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed)
+    # Unparseable tokens were never leases; the executor still holds whatever it named.
+    rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed,
+                                         request.app[SETTINGS].lease_timeout_s)
     states = {str(r["lease_token"]): r["state"] for r in rows}
     # A token that is not even a UUID was never a lease: it is lost, like any stale one.
     return json_response({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})

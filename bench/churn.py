@@ -1,0 +1,221 @@
+"""The churn example, time-scaled 1/300: how much a burst of executor deaths costs a task.
+
+    python bench/churn.py [--runs 3] [--executors agents|inprocess] [--agents 20] [--kill 5]
+
+1,200 subtasks of one record {"ms": 100} each (subtask_size 1), 20 executors, heartbeat 1 s,
+lease timeout 3 s. Each "churn" run kills -9 five executors 2 s after the task is submitted; each
+"calm" run kills nobody. Runs alternate (calm, churn, calm, churn, ...) against the same services
+and database, and the fleet is topped up to 20 live executors before every run. The script prints
+the median makespan of each arm, their ratio (the paper's arithmetic: ≈ 1.23; target ≤ 1.30), and
+how many subtasks the killed executors held at the moment of the kills (at most one per dead
+executor: an executor holds one lease at a time), with how long the watchdog took to give them back.
+
+Executors are real agent processes (`python -m agents.macos --kind sleep`) by default; with
+`--executors inprocess` they are the test executors of tests/chaos (one process, asyncio tasks;
+a kill cancels one mid-subtask without a word to the server). Every run ends with the chaos
+drills' audit (tests/chaos/audit.py): every record exactly once, in order; attempt history
+explains every retry.
+
+The makespan is the task's own: finished_at - created_at, as PostgreSQL recorded them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+from tests.chaos.audit import audit  # noqa: E402
+from tests.chaos.cluster import Cluster, DedicatedPostgres, eventually, sleep_records  # noqa: E402
+from tests.chaos.executors import DrillExecutor  # noqa: E402
+
+
+@dataclass
+class RunResult:
+    arm: str  # calm | churn
+    makespan_s: float
+    stuck: int = 0  # subtasks the killed executors held at the moment of the kills
+    reclaimed_after_s: float = 0.0  # from the kills to the last of those being given back
+    lost_attempts: int = 0
+
+
+class InProcessFleet:
+    """Test executors as asyncio tasks of this process; `kill` cancels one mid-whatever."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.stop = asyncio.Event()
+        self.running: dict[str, tuple[DrillExecutor, asyncio.Task[None]]] = {}
+        self.started = 0
+
+    async def top_up(self, n: int) -> None:
+        while len(self.running) < n:
+            name = f"exec-{self.started:03d}"
+            self.started += 1
+            executor = DrillExecutor(self.cluster.services.api_url, self.cluster.executor_token, name)
+            self.running[name] = (executor, asyncio.create_task(executor.run(self.stop, wait_s=5)))
+        await eventually(self._registered, "executors to register", timeout=60)
+
+    async def _registered(self) -> bool:
+        return all(e.executor_id for e, _ in self.running.values())
+
+    def names(self) -> list[str]:
+        return list(self.running)
+
+    def kill(self, name: str) -> None:
+        _, task = self.running.pop(name)
+        task.cancel()
+
+    async def close(self) -> None:
+        self.stop.set()
+        for _, task in self.running.values():
+            task.cancel()
+        await asyncio.gather(*(t for _, t in self.running.values()), return_exceptions=True)
+
+
+class AgentFleet:
+    """Real agent processes; `kill` is kill -9."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def top_up(self, n: int) -> None:
+        missing = n - len(self.cluster.alive_agents())
+        if missing > 0:
+            await self.cluster.start_agents(missing, prefix=f"agent{len(self.cluster.fleet.agents):03d}")
+
+    def names(self) -> list[str]:
+        return [a.name for a in self.cluster.alive_agents()]
+
+    def kill(self, name: str) -> None:
+        self.cluster.agent(name).kill()
+
+    async def close(self) -> None:
+        self.cluster.fleet.stop_all()
+
+
+async def one_run(cluster: Cluster, fleet: AgentFleet | InProcessFleet, args: argparse.Namespace, arm: str,
+                  index: int) -> RunResult:
+    await fleet.top_up(args.agents)
+    await asyncio.sleep(1.0)  # every executor back in its long poll
+    name = f"{arm}-{index}"
+    records = sleep_records(args.subtasks, ms=args.ms)
+    submitted = time.monotonic()
+    await cluster.submit(name, records, subtask_size=1)
+    result = RunResult(arm, 0.0)
+    if arm == "churn":
+        await asyncio.sleep(max(0.0, args.kill_at - (time.monotonic() - submitted)))
+        victims = fleet.names()[: args.kill]
+        for victim in victims:
+            fleet.kill(victim)
+        killed_at = time.monotonic()
+        held = await cluster.holders(name)
+        tokens = [token for victim in victims for _, token in held.get(victim, [])]
+        result.stuck = len(tokens)
+    task = await cluster.wait_finished(name, timeout=300)
+    result.makespan_s = (datetime.fromisoformat(task["finished_at"])
+                         - datetime.fromisoformat(task["created_at"])).total_seconds()
+    report = await audit(cluster, name, records)
+    result.lost_attempts = report.outcomes["lost"]
+    if arm == "churn" and result.stuck:
+        conn = await cluster.db()
+        try:
+            last_reclaim = await conn.fetchval(
+                """SELECT max(ended_at) FROM subtask_attempts
+                    WHERE lease_token = ANY($1::uuid[]) AND outcome = 'lost'""", tokens)
+            last_kill_db = await conn.fetchval("SELECT now() - make_interval(secs => $1)",
+                                               time.monotonic() - killed_at)
+        finally:
+            await conn.close()
+        if last_reclaim is not None:
+            result.reclaimed_after_s = (last_reclaim - last_kill_db).total_seconds()
+    return result
+
+
+def paper_ratio(args: argparse.Namespace) -> float:
+    """The ideal arithmetic: no overhead, perfect sharing, the stuck subtasks' retries negligible."""
+    per = args.ms / 1000
+    calm = args.subtasks * per / args.agents
+    done_at_kill = args.agents * args.kill_at / per
+    churn = args.kill_at + (args.subtasks - done_at_kill) * per / (args.agents - args.kill)
+    return float(churn / calm)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+async def main(args: argparse.Namespace) -> int:
+    pg = DedicatedPostgres()
+    url = await pg.start()
+    workdir = Path(tempfile.mkdtemp(prefix="minions-churn-"))
+    cluster = await Cluster.create(url, workdir, heartbeat_interval_s=args.heartbeat,
+                                   lease_timeout_s=args.lease_timeout, long_poll_s=5.0)
+    fleet: AgentFleet | InProcessFleet = (AgentFleet(cluster) if args.executors == "agents"
+                                          else InProcessFleet(cluster))
+    results: list[RunResult] = []
+    try:
+        await cluster.services.start_all()
+        for i in range(args.runs):
+            for arm in ("calm", "churn"):
+                r = await one_run(cluster, fleet, args, arm, i)
+                results.append(r)
+                extra = (f", stuck at the kills {r.stuck}, given back {r.reclaimed_after_s:.2f} s after"
+                         if arm == "churn" else "")
+                print(f"run {i + 1} {arm:5}: makespan {r.makespan_s:.2f} s, lost attempts {r.lost_attempts}{extra}",
+                      flush=True)
+    finally:
+        await fleet.close()
+        await cluster.close()
+        pg.close()
+    calm = statistics.median(r.makespan_s for r in results if r.arm == "calm")
+    churn = statistics.median(r.makespan_s for r in results if r.arm == "churn")
+    stuck = [r.stuck for r in results if r.arm == "churn"]
+    print()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; executors: {args.executors} ({args.agents}); "
+          f"{args.subtasks} subtasks x {args.ms} ms; kill {args.kill} at {args.kill_at:g} s; "
+          f"heartbeat {args.heartbeat:g} s, lease timeout {args.lease_timeout:g} s; {args.runs} runs per arm")
+    print(f"median makespan: calm {calm:.2f} s, churn {churn:.2f} s; ideal calm "
+          f"{args.subtasks * args.ms / 1000 / args.agents:.2f} s")
+    print(f"ratio churn / calm: {churn / calm:.3f} (paper's arithmetic {paper_ratio(args):.3f}; target <= 1.30)")
+    print(f"stuck at the kills: {stuck} (at most {args.kill} each)")
+    return 0 if max(stuck, default=0) <= args.kill else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--runs", type=int, default=3, help="runs per arm (calm and churn alternate)")
+    p.add_argument("--executors", choices=("agents", "inprocess"), default="agents")
+    p.add_argument("--agents", type=int, default=20)
+    p.add_argument("--subtasks", type=int, default=1200)
+    p.add_argument("--ms", type=int, default=100, help="each subtask's one record sleeps this long")
+    p.add_argument("--kill", type=int, default=5, help="executors killed -9 in a churn run")
+    p.add_argument("--kill-at", type=float, default=2.0, help="seconds after submission")
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--lease-timeout", type=float, default=3.0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))
