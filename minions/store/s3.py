@@ -173,7 +173,7 @@ class S3Store:
             raise StoreError(f"cannot stat {uri}: {e}") from e
         except BotoCoreError as e:
             raise StoreError(f"cannot stat {uri}: {e}") from e
-        return head["ContentLength"]
+        return int(head["ContentLength"])
 
     async def read(self, uri: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         if start < 0 or (end is not None and end < start):
