@@ -37,6 +37,7 @@ class Watchdog:
 
     async def run(self) -> None:
         backoff = Backoff(max_s=5.0)
+        reconnecting = False
         while not self._stopping.is_set():
             try:
                 conn = await connect(self.settings.database_url)
@@ -47,9 +48,12 @@ class Watchdog:
                 continue
             backoff.reset()
             try:
-                await self._serve(conn)
+                # Back from an outage: no executor could heartbeat meanwhile, so every lease looks
+                # silent. Give them a lease timeout to get a heartbeat through before judging.
+                await self._serve(conn, grace_s=self.settings.lease_timeout_s if reconnecting else 0.0)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 log.warning("database_connection_lost", error=str(exc))
+                reconnecting = True
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.close(), 2)
@@ -58,7 +62,7 @@ class Watchdog:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    async def _serve(self, conn: asyncpg.Connection) -> None:
+    async def _serve(self, conn: asyncpg.Connection, grace_s: float) -> None:
         lost = asyncio.Event()
 
         def on_lost(_conn: object) -> None:
@@ -67,17 +71,20 @@ class Watchdog:
 
         conn.add_termination_listener(on_lost)
         await conn.add_listener(CHANNEL, self._on_heartbeat)
-        log.info("listening", channel=CHANNEL, lease_timeout_s=self.settings.lease_timeout_s)
-        await self._sweep(conn)
-        next_sweep = asyncio.get_running_loop().time() + self.settings.sweep_interval_s
+        log.info("listening", channel=CHANNEL, lease_timeout_s=self.settings.lease_timeout_s, grace_s=grace_s)
+        judge_from = asyncio.get_running_loop().time() + grace_s
+        next_sweep = judge_from
         while not self._stopping.is_set() and not lost.is_set():
             loop_now = asyncio.get_running_loop().time()
             if loop_now >= next_sweep:
                 await self._sweep(conn)
                 next_sweep = loop_now + self.settings.sweep_interval_s
-            for executor_id in self.deadlines.due():
-                await self._reclaim(conn, executor_id)
+            if loop_now >= judge_from:
+                for executor_id in self.deadlines.due():
+                    await self._reclaim(conn, executor_id)
             to_next = self.deadlines.seconds_to_next()  # 0.0 is a deadline due now, not "none"
+            if to_next is not None:
+                to_next = max(to_next, judge_from - loop_now)
             timeout = min(float("inf") if to_next is None else to_next, next_sweep - loop_now)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
