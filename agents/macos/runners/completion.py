@@ -15,7 +15,7 @@ from typing import Any
 import ollama
 
 from agents.macos.protocol import Subtask
-from agents.macos.runners import model_paths, torch_setup
+from agents.macos.runners import torch_setup
 from agents.macos.runners.base import (
     InferenceThread,
     PermanentError,
@@ -304,20 +304,8 @@ class TransformersCompletionRunner:
         if self._loaded is not None:
             self._loaded = None
             torch_setup.free_memory(self._settings.device)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        path = model_paths.resolve(name)
-        device = self._settings.device
-        log.info("completion_model_loading", model=name, path=path, device=device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model: Any = AutoModelForCausalLM.from_pretrained(path)
-        except (OSError, ValueError) as exc:
-            # ValueError: a malformed id or a model transformers cannot run; neither gets better.
-            if isinstance(exc, ValueError) or model_paths.is_missing_model_error(exc):
-                raise PermanentError(f"unknown completion model {name!r}: {exc}") from exc
-            raise RunnerError(f"cannot load completion model {name!r}: {exc}") from exc
-        model = torch_setup.place(model, device)
+        tokenizer, model = torch_setup.load_pretrained(name, "AutoModelForCausalLM", "completion",
+                                                       self._settings.device)
         self._loaded = _LoadedLM(name, tokenizer, model)
         return self._loaded
 

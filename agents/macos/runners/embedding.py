@@ -17,7 +17,6 @@ from agents.macos.runners.base import (
     InferenceThread,
     PermanentError,
     Record,
-    RunnerError,
     check_stop,
     require_model,
     string_field,
@@ -126,20 +125,7 @@ class EmbeddingRunner:
         if self._loaded is not None:
             self._loaded = None
             torch_setup.free_memory(self._settings.device)
-        from transformers import AutoModel, AutoTokenizer
-
-        path = model_paths.resolve(name)
-        device = self._settings.device
-        log.info("embedding_model_loading", model=name, path=path, device=device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model: Any = AutoModel.from_pretrained(path)
-        except (OSError, ValueError) as exc:
-            # ValueError: a malformed id or a model transformers cannot run; neither gets better.
-            if isinstance(exc, ValueError) or model_paths.is_missing_model_error(exc):
-                raise PermanentError(f"unknown embedding model {name!r}: {exc}") from exc
-            raise RunnerError(f"cannot load embedding model {name!r}: {exc}") from exc
-        model = torch_setup.place(model, device)
+        tokenizer, model = torch_setup.load_pretrained(name, "AutoModel", "embedding", self._settings.device)
         accepted = frozenset(inspect.signature(model.forward).parameters)
         self._loaded = _Loaded(name, tokenizer, model, accepted)
         return self._loaded

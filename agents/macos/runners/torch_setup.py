@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from minions.logging import get_logger
+
 
 @dataclass(frozen=True)
 class TorchSettings:
@@ -16,6 +18,8 @@ class TorchSettings:
 
 _prepared = False
 _lock = threading.Lock()
+
+log = get_logger(__name__)
 
 
 def prepare(settings: TorchSettings) -> Any:
@@ -41,6 +45,28 @@ def place(model: Any, device: str) -> Any:
     model = model.to(device)
     model = model.half() if half_precision(device) else model.float()
     return model.eval()
+
+
+def load_pretrained(name: str, auto_class: str, what: str, device: str) -> tuple[Any, Any]:
+    """Tokenizer and model `name` (a local path, the bundled MiniLM or the Hugging Face cache),
+    placed on `device`. A model that does not exist is a PermanentError (no retry elsewhere will
+    find it); one that failed to load otherwise is a RunnerError (another machine may manage)."""
+    import transformers
+
+    from agents.macos.runners import model_paths
+    from agents.macos.runners.base import PermanentError, RunnerError
+
+    path = model_paths.resolve(name)
+    log.info(f"{what}_model_loading", model=name, path=path, device=device)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        model: Any = getattr(transformers, auto_class).from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        # ValueError: a malformed id or a model transformers cannot run; neither gets better.
+        if isinstance(exc, ValueError) or model_paths.is_missing_model_error(exc):
+            raise PermanentError(f"unknown {what} model {name!r}: {exc}") from exc
+        raise RunnerError(f"cannot load {what} model {name!r}: {exc}") from exc
+    return tokenizer, place(model, device)
 
 
 def half_precision(device: str) -> bool:
