@@ -243,3 +243,26 @@ async def test_cancelled_mid_split_results_hold_every_record(api: ApiHarness) ->
     results = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results")
     assert [line for line in results.body.splitlines()] == [
         b'{"id":"r%d","error":"task cancelled"}' % i for i in range(10)]
+
+
+async def test_fifty_http_claimers_on_a_hundred_subtasks_lease_each_once(api: ApiHarness, database_url: str,
+                                                                          tmp_path: Path) -> None:
+    conn = await connect(database_url)
+    task_id = await make_task(conn, subtasks=100, input_uri=(tmp_path / "store" / "inputs" / "x.jsonl").as_uri())
+    await conn.close()
+    executors = await asyncio.gather(*(api.register(f"claimer-{i}") for i in range(50)))
+    won: list[int] = []
+
+    async def claimer(executor_id: str) -> None:
+        while True:
+            reply = await api.call("POST", f"/api/v1/executors/{executor_id}/claim?wait=0", token="executor")
+            if reply.status == 204:
+                return
+            assert reply.status == 200, reply.body
+            won.append(reply.body["subtask"]["subtask_id"])
+
+    await asyncio.gather(*(claimer(e) for e in executors))
+    assert sorted(won) == list(range(100))
+    conn = await connect(database_url)
+    assert await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement WHERE task_id = $1", task_id) == 100
+    await conn.close()
