@@ -42,8 +42,13 @@ CREATE TABLE tasks (
     split_done      boolean NOT NULL DEFAULT false,
     split_offset    bigint NOT NULL DEFAULT 0,    -- bytes of input already turned into subtasks
     split_records   bigint NOT NULL DEFAULT 0,    -- records already turned into subtasks
+    -- Progress counters, kept by the functions that change a subtask's state (never by a claim,
+    -- whose hot path must not touch the task row), so reading a task's progress is O(1).
+    subtasks_total  integer NOT NULL DEFAULT 0 CHECK (subtasks_total >= 0),
     open_subtasks   integer NOT NULL DEFAULT 0 CHECK (open_subtasks >= 0),   -- pending + leased
     failed_subtasks integer NOT NULL DEFAULT 0 CHECK (failed_subtasks >= 0),
+    cancelled_subtasks integer NOT NULL DEFAULT 0 CHECK (cancelled_subtasks >= 0),
+    records_done    bigint NOT NULL DEFAULT 0 CHECK (records_done >= 0),
     created_by      bigint REFERENCES api_tokens (id),
     created_at      timestamptz NOT NULL DEFAULT now(),
     started_at      timestamptz,
@@ -125,6 +130,7 @@ CREATE INDEX subtasks_pending_team ON subtasks (team, capability, priority DESC,
     WHERE state = 'pending';
 CREATE UNIQUE INDEX subtasks_lease_token ON subtasks (lease_token) WHERE lease_token IS NOT NULL;
 CREATE INDEX subtasks_lease_executor ON subtasks (lease_executor) WHERE state = 'leased';
+CREATE INDEX subtasks_leased_task ON subtasks (task_id) WHERE state = 'leased';  -- a task's running count
 
 -- The claim referee from the paper: a live lease is a row here, and the UNIQUE constraint lets
 -- exactly one contender's INSERT ... ON CONFLICT DO NOTHING win a subtask.

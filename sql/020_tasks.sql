@@ -25,12 +25,14 @@ $$;
 
 -- A subtask left the open states (done, or failed for good). Locks the task row briefly, which is
 -- what makes "the last one closes the task" race-free.
-CREATE FUNCTION minion_subtask_closed(p_task_id bigint, p_failed boolean, p_error text DEFAULT NULL)
+CREATE FUNCTION minion_subtask_closed(p_task_id bigint, p_failed boolean, p_error text DEFAULT NULL,
+                                      p_records integer DEFAULT 0)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE tasks
        SET open_subtasks = open_subtasks - 1,
            failed_subtasks = failed_subtasks + p_failed::int,
+           records_done = records_done + CASE WHEN p_failed THEN 0 ELSE p_records END,
            error = CASE WHEN p_failed AND error IS NULL THEN p_error ELSE error END
      WHERE id = p_task_id;
     PERFORM minion_task_settle(p_task_id);
@@ -72,6 +74,7 @@ BEGIN
            p_byte_starts[i], p_byte_ends[i], p_first_records[i], p_records[i]
       FROM generate_subscripts(p_byte_starts, 1) AS i;
     UPDATE tasks SET open_subtasks = open_subtasks + n,
+                     subtasks_total = subtasks_total + n,
                      split_offset = p_split_offset,
                      split_records = p_split_records
      WHERE id = p_task_id;
@@ -99,7 +102,8 @@ BEGIN
     END IF;
     DELETE FROM subtasks WHERE task_id = p_task_id;
     UPDATE tasks
-       SET status = 'failed', error = p_error, finished_at = now(), split_done = true, open_subtasks = 0
+       SET status = 'failed', error = p_error, finished_at = now(), split_done = true, open_subtasks = 0,
+           subtasks_total = 0, failed_subtasks = 0, records_done = 0
      WHERE id = p_task_id;
 END $$;
 
@@ -111,7 +115,8 @@ BEGIN
     -- lock a subtask, then its task; taking the task first here would deadlock with them.
     PERFORM 1 FROM subtasks WHERE task_id = p_task_id AND state IN ('pending', 'leased')
       ORDER BY subtask_id FOR UPDATE;
-    UPDATE tasks SET status = 'cancelled', finished_at = now(), open_subtasks = 0, split_done = true
+    UPDATE tasks SET status = 'cancelled', finished_at = now(), split_done = true,
+                     cancelled_subtasks = open_subtasks, open_subtasks = 0
      WHERE id = p_task_id AND status NOT IN ('completed', 'failed', 'cancelled');
     IF NOT FOUND THEN
         RETURN false;
@@ -133,15 +138,18 @@ BEGIN
     RETURN true;
 END $$;
 
--- A task's progress, for the API and the CLI: subtasks by state and records done.
+-- A task's progress, for the API and the CLI: from the task's counters plus its running subtasks
+-- (few: one per busy executor), never a scan of all its subtasks (the web UI polls this).
 CREATE FUNCTION minion_task_counts(p_task_id bigint,
     OUT subtasks_total bigint, OUT subtasks_pending bigint, OUT subtasks_leased bigint,
     OUT subtasks_done bigint, OUT subtasks_failed bigint, OUT subtasks_cancelled bigint,
     OUT records_done bigint)
 LANGUAGE sql STABLE AS $$
-    SELECT count(*), count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'leased'),
-           count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'),
-           count(*) FILTER (WHERE state = 'cancelled'),
-           coalesce(sum(records) FILTER (WHERE state = 'done'), 0)
-      FROM subtasks WHERE task_id = p_task_id
+    SELECT t.subtasks_total, t.open_subtasks - l.leased, l.leased,
+           t.subtasks_total - t.open_subtasks - t.failed_subtasks - t.cancelled_subtasks,
+           t.failed_subtasks, t.cancelled_subtasks, t.records_done
+      FROM tasks t
+     CROSS JOIN LATERAL (SELECT count(*) AS leased FROM subtasks s
+                          WHERE s.task_id = t.id AND s.state = 'leased') l
+     WHERE t.id = p_task_id
 $$;

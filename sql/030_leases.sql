@@ -406,7 +406,7 @@ BEGIN
                                   outcome, records, seconds)
     VALUES (s.task_id, s.subtask_id, s.attempts, winner_executor, p_token, winner_started, 'done',
             p_records, p_seconds);
-    PERFORM minion_subtask_closed(s.task_id, false);
+    PERFORM minion_subtask_closed(s.task_id, false, NULL, s.records);
     RETURN 'ok';
 END $$;
 

@@ -236,3 +236,39 @@ async def test_a_heartbeat_that_leaves_a_lease_out_ends_it_after_the_grace(datab
     assert await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE lease_token = $1",
                                forgotten["lease_token"]) == "lost"
     await conn.close()
+
+
+RECOUNT = """SELECT count(*) AS total, count(*) FILTER (WHERE state = 'pending') AS pending,
+                    count(*) FILTER (WHERE state = 'leased') AS leased, count(*) FILTER (WHERE state = 'done') AS done,
+                    count(*) FILTER (WHERE state = 'failed') AS failed,
+                    count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+                    coalesce(sum(records) FILTER (WHERE state = 'done'), 0) AS records_done
+               FROM subtasks WHERE task_id = $1"""
+COUNTS = """SELECT t.subtasks_total AS total, c.subtasks_pending AS pending, c.subtasks_leased AS leased,
+                   c.subtasks_done AS done, c.subtasks_failed AS failed, c.subtasks_cancelled AS cancelled,
+                   t.records_done
+              FROM tasks t CROSS JOIN LATERAL minion_task_counts(t.id) c WHERE t.id = $1"""
+
+
+async def test_progress_counters_agree_with_a_recount_through_every_transition(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=12, records_per_subtask=3, max_attempts=2)
+    a, b = await make_executor(conn, token_id), await make_executor(conn, token_id)
+
+    async def agree() -> None:
+        assert dict(await conn.fetchrow(COUNTS, task_id)) == dict(await conn.fetchrow(RECOUNT, task_id))
+
+    await agree()
+    leases = [await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", e) for e in (a, b, a, b, a, b)]
+    await agree()
+    await conn.fetchval("SELECT minion_complete($1, 3, 0.1)", leases[0]["lease_token"])
+    await conn.fetchval("SELECT minion_fail($1, 'x', false)", leases[1]["lease_token"])
+    await conn.fetchval("SELECT minion_fail($1, 'x', true)", leases[2]["lease_token"])
+    await conn.fetchval("SELECT minion_release($1)", leases[3]["lease_token"])
+    await agree()
+    await silence(conn, b, 300)
+    await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", b)
+    await agree()
+    await conn.fetchval("SELECT minion_cancel_task($1)", task_id)
+    await agree()
+    await conn.close()
