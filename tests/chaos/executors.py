@@ -90,13 +90,7 @@ class DrillExecutor(SleepExecutor):
             await self._finish_late(session, token, sub, records)
             return
         await self._put(session, sub, records)
-        async with session.post(f"{self.api_url}/api/v1/leases/{token}/complete", headers=self._headers(),
-                                json={"records": len(records), "seconds": time.monotonic() - started}) as resp:
-            if resp.status == 409:
-                self.refused += 1
-                return
-            assert resp.status == 200, await resp.text()
-        self.completed.append((sub["task_name"], sub["subtask_id"]))
+        await self.complete(session, token, sub, len(records), started)
 
     async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]]:
         start, end = sub["input"]["range"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
@@ -12,7 +13,7 @@ from tests.support.processes import Services
 from tests.support.sleep_executor import SleepExecutor
 
 
-async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...], timeout: float = 60) -> dict:
+async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         task = await client.task("search", "ranker", name)
@@ -22,7 +23,7 @@ async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ..
     raise AssertionError(f"task {name} never reached {statuses}: {task}")
 
 
-async def _results(client: MinionsClient, name: str) -> list[dict]:
+async def _results(client: MinionsClient, name: str) -> list[dict[str, Any]]:
     body = b"".join([chunk async for chunk in client.results("search", "ranker", name)])
     return [jsoncodec.loads(line) for line in body.splitlines()]
 

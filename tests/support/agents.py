@@ -4,34 +4,19 @@ tests."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import REPO, Services
+from tests.support.processes import REPO, ManagedProcess, Services
 
 
 @dataclass
-class AgentProcess:
+class AgentProcess(ManagedProcess):
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
-
-    def kill(self) -> None:
-        """kill -9: the agent gets no chance to hand anything back."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def terminate(self, timeout: float = 15) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @dataclass

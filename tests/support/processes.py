@@ -15,23 +15,11 @@ from minions.sdk.health import wait_until_healthy
 REPO = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class Service:
-    name: str
-    module: str
-    env: dict[str, str]
-    log_path: Path
-    args: list[str] = field(default_factory=list)
-    process: subprocess.Popen[bytes] | None = None
+class ManagedProcess:
+    """A child process of a test: kill -9 it, SIGTERM it, read its log."""
 
-    def start(self) -> Service:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args], env=self.env, cwd=REPO,
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        return self
+    process: subprocess.Popen[bytes] | None
+    log_path: Path
 
     def kill(self) -> None:
         """kill -9: no goodbye, no cleanup."""
@@ -47,6 +35,25 @@ class Service:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Service(ManagedProcess):
+    name: str
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args], env=self.env, cwd=REPO,
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        return self
 
 
 @dataclass

@@ -74,8 +74,13 @@ class SleepExecutor:
             beat.cancel()
         async with session.put(yarl.URL(sub["output"]["url"], encoded=True), data=b"".join(out)) as resp:
             assert resp.status == 200
+        await self.complete(session, token, sub, len(records), started)
+
+    async def complete(self, session: aiohttp.ClientSession, token: str, sub: dict[str, Any], records: int,
+                       started: float) -> None:
+        """Commit the lease; a refusal (409: the lease is gone) is counted, not raised."""
         async with session.post(f"{self.api_url}/api/v1/leases/{token}/complete", headers=self._headers(),
-                                json={"records": len(records), "seconds": time.monotonic() - started}) as resp:
+                                json={"records": records, "seconds": time.monotonic() - started}) as resp:
             if resp.status == 409:
                 self.refused += 1
                 return
