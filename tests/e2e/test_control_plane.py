@@ -13,7 +13,8 @@ from tests.support.processes import Services
 from tests.support.sleep_executor import SleepExecutor
 
 
-async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...],
+                       timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         task = await client.task("search", "ranker", name)
