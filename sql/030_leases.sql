@@ -336,23 +336,19 @@ CREATE FUNCTION minion_token_role(s subtasks, p_token uuid) RETURNS text LANGUAG
                 ELSE 'lost' END
 $$;
 
--- Whose is a lease: the API token of the executor holding it (primary or backup), NULL if none.
-CREATE FUNCTION minion_lease_owner(p_token uuid) RETURNS bigint LANGUAGE sql STABLE AS $$
-    SELECT e.token_id FROM subtasks s JOIN executors e ON e.id = s.lease_executor
+-- A live lease (or backup), for the API before it acts on it: the API token of the executor
+-- holding it, and the object it must have written before it may complete. No row when the token
+-- is no longer current.
+CREATE FUNCTION minion_lease_info(p_token uuid, OUT owner bigint, OUT output_key text)
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
+    SELECT e.token_id, minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
+      FROM subtasks s JOIN executors e ON e.id = s.lease_executor
      WHERE s.lease_token = p_token AND s.state = 'leased'
     UNION ALL
-    SELECT e.token_id FROM subtask_backups b JOIN executors e ON e.id = b.executor_id
-     WHERE b.lease_token = p_token
-    LIMIT 1
-$$;
-
--- The object a current lease (or backup) must have written before it may complete.
-CREATE FUNCTION minion_lease_output_key(p_token uuid) RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
-      FROM subtasks s WHERE s.lease_token = p_token AND s.state = 'leased'
-    UNION ALL
-    SELECT minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
-      FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
+    SELECT e.token_id, minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token)
+      FROM subtask_backups b
+      JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
+      JOIN executors e ON e.id = b.executor_id
      WHERE b.lease_token = p_token AND s.state = 'leased'
     LIMIT 1
 $$;

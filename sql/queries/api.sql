@@ -65,11 +65,8 @@ SELECT * FROM minion_claim($1, $2, $3);
 -- $3: grace before a lease the executor does not name is taken for one it never got (lease timeout)
 SELECT * FROM minion_heartbeat($1, $2, $3);
 
--- name: lease_owner
-SELECT minion_lease_owner($1);
-
--- name: lease_output_key
-SELECT minion_lease_output_key($1);
+-- name: lease_info
+SELECT owner, output_key FROM minion_lease_info($1);
 
 -- name: complete
 SELECT minion_complete($1, $2, $3);

@@ -33,18 +33,21 @@ def _ok() -> web.Response:
     return web.Response(body=jsoncodec.dumps({"status": "ok"}), content_type="application/json")
 
 
-async def _token(request: web.Request) -> uuid.UUID:
-    """The lease token of the path, held by one of the caller's executors (an admin may act on any)."""
+async def _lease(request: web.Request) -> tuple[uuid.UUID, str | None]:
+    """The lease token of the path, held by one of the caller's executors (an admin may act on any),
+    and the output key it must have written; None when the token is no longer current (the lease
+    functions then say why)."""
     principal = require(request, "executor")
     try:
         token = uuid.UUID(request.match_info["token"])
     except ValueError:
         raise conflict(*_REFUSED["lost"]) from None
-    if principal.role != "admin":
-        owner = await request.app[POOL].fetchval(Q.lease_owner, token)
-        if owner is not None and owner != principal.token_id:
-            raise forbidden("this lease is held by an executor of another token", "not_your_lease")
-    return token
+    live = await request.app[POOL].fetchrow(Q.lease_info, token)
+    if live is None:
+        return token, None
+    if principal.role != "admin" and live["owner"] != principal.token_id:
+        raise forbidden("this lease is held by an executor of another token", "not_your_lease")
+    return token, live["output_key"]
 
 
 def _verdict(verdict: str) -> None:
@@ -68,12 +71,11 @@ def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) ->
 
 @routes.post("/api/v1/leases/{token}/complete")
 async def complete(request: web.Request) -> web.Response:
-    token = await _token(request)
+    token, output_key = await _lease(request)
     body = await json_object(request)
     records = _number(body, "records", required=True, integer=True)
     seconds = _number(body, "seconds", required=False, integer=False)
     pool, store = request.app[POOL], request.app[STORE]
-    output_key = await pool.fetchval(Q.lease_output_key, token)
     # A current lease must have written its output first; a stale one is refused by the SQL below.
     if output_key is not None and await store.size(store.uri_for(output_key)) is None:
         raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing")
@@ -83,7 +85,7 @@ async def complete(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/leases/{token}/fail")
 async def fail(request: web.Request) -> web.Response:
-    token = await _token(request)
+    token, _ = await _lease(request)
     body = await json_object(request)
     error = body.get("error")
     retryable = body.get("retryable", True)
@@ -98,6 +100,6 @@ async def fail(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/leases/{token}/release")
 async def release(request: web.Request) -> web.Response:
-    token = await _token(request)
+    token, _ = await _lease(request)
     _verdict(await request.app[POOL].fetchval(Q.release, token))
     return _ok()
