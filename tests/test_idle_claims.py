@@ -1,0 +1,51 @@
+"""Invariant 6, second half: an idle system (no pending work, executors long-polling) issues no
+polling queries. Checked in the server's own statement log, so nothing the API does is missed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import asyncpg
+
+from minions.db.migrate import migrate
+from minions.embedded_pg import EmbeddedPostgres
+from tests.support.api import running_api
+from tests.support.factories import make_task
+
+STATEMENT = re.compile(r"LOG:\s+(statement|execute [^:]*):")
+
+
+def _statements(log: Path) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines() if STATEMENT.search(line)]
+
+
+async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) -> None:
+    pg = EmbeddedPostgres(tmp_path / "pg", fast=True)
+    await asyncio.to_thread(pg.start)
+    try:
+        await migrate(pg.url)
+        conn = await asyncpg.connect(pg.url)
+        await conn.execute("ALTER SYSTEM SET log_statement = 'all'")
+        await conn.execute("SELECT pg_reload_conf()")
+        await conn.close()
+        async with running_api(pg.url, tmp_path / "store") as api:
+            executors = [await api.register(f"idle-{i}") for i in range(5)]
+            claims = [asyncio.create_task(api.call("POST", f"/api/v1/executors/{e}/claim?wait=20",
+                                                   token="executor")) for e in executors]
+            await asyncio.sleep(1.0)  # each has run its one claim query and is waiting
+            before = len(await asyncio.to_thread(_statements, pg.log_file))
+            await asyncio.sleep(3.0)
+            during = (await asyncio.to_thread(_statements, pg.log_file))[before:]
+            assert during == [], f"{len(during)} statements while idle, e.g. {during[:3]}"
+            assert not any(c.done() for c in claims)
+
+            # And work still wakes them at once.
+            conn = await asyncpg.connect(pg.url)
+            await make_task(conn, subtasks=5, input_uri=(tmp_path / "store" / "inputs" / "x.jsonl").as_uri())
+            await conn.close()
+            replies = await asyncio.wait_for(asyncio.gather(*claims), 5)
+            assert sorted(r.status for r in replies) == [200] * 5
+    finally:
+        await asyncio.to_thread(pg.stop, "immediate")
