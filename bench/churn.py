@@ -10,7 +10,7 @@ the median makespan of each arm, their ratio (the paper's arithmetic: ≈ 1.23; 
 how many subtasks the killed executors held at the moment of the kills (at most one per dead
 executor: an executor holds one lease at a time), with how long the watchdog took to give them back.
 
-Executors are real agent processes (`python -m agents.macos --kind sleep`) by default; with
+Executors are real agent processes (`python -m minions.agents.macos --kind sleep`) by default; with
 `--executors inprocess` they are the test executors of tests/chaos (one process, asyncio tasks;
 a kill cancels one mid-subtask without a word to the server). Every run ends with the chaos
 drills' audit (tests/chaos/audit.py): every record exactly once, in order; attempt history

@@ -26,10 +26,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agents.macos.protocol import InputRef, Subtask
-from agents.macos.runners import model_paths
-from agents.macos.runners.embedding import EmbeddingRunner
-from agents.macos.runners.torch_setup import TorchSettings, half_precision
+from minions.agents.macos.protocol import InputRef, Subtask
+from minions.agents.macos.runners import model_paths
+from minions.agents.macos.runners.embedding import EmbeddingRunner
+from minions.agents.macos.runners.torch_setup import TorchSettings, half_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 _WORDS = (

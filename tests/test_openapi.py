@@ -18,9 +18,9 @@ from referencing.jsonschema import DRAFT4
 
 import tests.support.api
 from minions.config import Settings
-from services.api.app import create_app
-from services.api.openapi import document
-from services.api.routes import openapi as openapi_routes
+from minions.services.api.app import create_app
+from minions.services.api.openapi import document
+from minions.services.api.routes import openapi as openapi_routes
 from tests.fuzz.live import app_with_openapi
 from tests.support.api import running_api
 
@@ -68,7 +68,7 @@ def test_the_document_is_valid_openapi_3_0_3() -> None:
 def test_every_route_is_documented_and_every_documented_operation_is_routed() -> None:
     app = create_app(Settings(database_url="postgresql://127.0.0.1:1/unused", store="file:///unused"))
     routed, documented = _routed(app), _documented(document())
-    assert routed - documented == set(), "routes missing from services/api/openapi.py"
+    assert routed - documented == set(), "routes missing from minions.services/api/openapi.py"
     assert documented - routed == set(), "documented operations the app does not route"
 
 

@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from minions.db.connect import connect
+from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Lines, Subtask
+from minions.services.splitter.split import split_task
+from minions.services.splitter.worker import RetryBook, Worker, lost_connection
 from minions.store.local import LocalStore
-from services.splitter.cutter import Cutter, IdFinder, InputError, Lines, Subtask
-from services.splitter.split import split_task
-from services.splitter.worker import RetryBook, Worker, lost_connection
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNING_KEY = "k" * 64
@@ -471,7 +471,7 @@ async def test_service_process(conn: asyncpg.Connection, store: LocalStore, data
     before = await insert_task(conn, await put(store, embedding_input(10)), subtask_size=3)
     env = {**os.environ, "MINIONS_LOG_LEVEL": "info", "PYTHONPATH": str(REPO)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.splitter", "--database-url", database_url,
+        sys.executable, "-m", "minions.services.splitter", "--database-url", database_url,
         "--store", store.root_uri, "--sweep-interval-s", "60",
         cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
@@ -506,7 +506,7 @@ async def test_service_process(conn: asyncpg.Connection, store: LocalStore, data
 async def test_service_rejects_missing_settings() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINIONS_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.splitter", cwd=REPO, env=env,
+        sys.executable, "-m", "minions.services.splitter", cwd=REPO, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate()
     assert proc.returncode == 2

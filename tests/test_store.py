@@ -20,12 +20,12 @@ import yarl
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from minions.services.api.appkeys import STORE
+from minions.services.api.routes.store import add_routes, parse_range
 from minions.store import InvalidKey, ObjectNotFound, StoreError, open_store, signing
 from minions.store.base import validate_key
 from minions.store.local import LocalStore
 from minions.store.s3 import PART_SIZE, S3Store, parse_s3_uri
-from services.api.appkeys import STORE
-from services.api.routes.store import add_routes, parse_range
 from tests.support.s3 import moto_server
 
 KEY = "test-signing-key"

@@ -1,5 +1,5 @@
-"""`python -m agents.macos`: run the agent (what the launchd and systemd units start)."""
+"""`python -m minions.agents.macos`: run the agent (what the launchd and systemd units start)."""
 
-from agents.macos.cli import main
+from minions.agents.macos.cli import main
 
 raise SystemExit(main())

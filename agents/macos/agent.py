@@ -16,8 +16,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from agents.macos import awake, hardware
-from agents.macos.client import (
+from minions.agents.macos import awake, hardware
+from minions.agents.macos.client import (
     AuthError,
     ClientError,
     Conflict,
@@ -26,13 +26,13 @@ from agents.macos.client import (
     Rejected,
     StorageError,
 )
-from agents.macos.config import AgentConfig
-from agents.macos.hardware import Hardware
-from agents.macos.jsonl import RecordsError, encode_outputs, parse_records
-from agents.macos.policy import OwnerPolicy
-from agents.macos.protocol import Claim, ProtocolError, Registration
-from agents.macos.runners.base import PermanentError, Runner, RunnerError
-from agents.macos.runners.registry import build_runners, uses_torch
+from minions.agents.macos.config import AgentConfig
+from minions.agents.macos.hardware import Hardware
+from minions.agents.macos.jsonl import RecordsError, encode_outputs, parse_records
+from minions.agents.macos.policy import OwnerPolicy
+from minions.agents.macos.protocol import Claim, ProtocolError, Registration
+from minions.agents.macos.runners.base import PermanentError, Runner, RunnerError
+from minions.agents.macos.runners.registry import build_runners, uses_torch
 from minions.logging import get_logger
 
 log = get_logger(__name__)

@@ -1,7 +1,7 @@
 """`minions agent` (run the executor agent) and `minions agent install`.
 
 The `minions` CLI calls `add_parser(subparsers)` and, for the `agent` command, `run(args)`;
-`python -m agents.macos` calls `main()`, which goes through the same two functions.
+`python -m minions.agents.macos` calls `main()`, which goes through the same two functions.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from agents.macos import config as agent_config
-from agents.macos.install import PROCESS_TYPES
+from minions.agents.macos import config as agent_config
+from minions.agents.macos.install import PROCESS_TYPES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,20 +51,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"minions agent: {exc}")
         return 78  # EX_CONFIG, as for a refused token
     if getattr(args, "agent_command", None) == "install":
-        from agents.macos import install
+        from minions.agents.macos import install
 
         return install.install(config, dry_run=args.dry_run, process_type=args.process_type)
     configure("agent")
-    from agents.macos.agent import serve
+    from minions.agents.macos.agent import serve
 
     return asyncio.run(serve(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m agents.macos [flags]` and `python -m agents.macos install [flags]`."""
+    """`python -m minions.agents.macos [flags]` and `python -m minions.agents.macos install [flags]`."""
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m agents.macos")
+    parser = argparse.ArgumentParser(prog="python -m minions.agents.macos")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["agent", *(sys.argv[1:] if argv is None else argv)])
     return run(args)

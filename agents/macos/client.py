@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import yarl
 
-from agents.macos.protocol import Claim, InputRef, Registration, parse_claim, parse_registration
 from minions import jsoncodec
+from minions.agents.macos.protocol import Claim, InputRef, Registration, parse_claim, parse_registration
 from minions.backoff import Backoff
 from minions.logging import get_logger
 

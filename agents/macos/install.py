@@ -10,15 +10,17 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from pathlib import Path
 from string import Template
 from xml.sax.saxutils import escape
 
-from agents.macos.config import DEFAULT_CONFIG_PATH, AgentConfig, to_toml
+from minions.agents.macos.config import DEFAULT_CONFIG_PATH, AgentConfig, to_toml
 
 LABEL = "com.minions.agent"
 PROCESS_TYPES = ("Adaptive", "Standard")
-_INFRA = Path(__file__).resolve().parents[2] / "infra"
+# Package data (`minions/infra` is the repository's `infra/`), read through importlib.resources.
+_INFRA = files("minions") / "infra"
 LAUNCHD_TEMPLATE = _INFRA / "launchd" / f"{LABEL}.plist.template"
 SYSTEMD_TEMPLATE = _INFRA / "systemd" / "minions-agent.service.template"
 SYSTEMD_UNIT = "minions-agent.service"
@@ -35,12 +37,13 @@ class InstallPlan:
 
 def agent_command(config_path: Path) -> list[str]:
     """The agent's command line: this interpreter, so the unit uses the same environment."""
-    return [sys.executable, "-m", "agents.macos", "--config", str(config_path)]
+    return [sys.executable, "-m", "minions.agents.macos", "--config", str(config_path)]
 
 
 def working_directory() -> Path:
-    # `python -m agents.macos` must find the package: from a checkout that means its root.
-    return Path(__file__).resolve().parents[2]
+    # The agent is an installed package (`python -m minions.agents.macos` finds it from anywhere):
+    # any folder will do, and the user's home always exists.
+    return Path.home()
 
 
 def render_launchd(config_path: Path, process_type: str = "Adaptive", home: Path | None = None) -> str:
@@ -48,7 +51,7 @@ def render_launchd(config_path: Path, process_type: str = "Adaptive", home: Path
         raise ValueError(f"process type must be one of {', '.join(PROCESS_TYPES)}")
     log_dir = (home or Path.home()) / "Library" / "Logs" / "minions"
     arguments = "\n".join(f"    <string>{escape(a)}</string>" for a in agent_command(config_path))
-    return Template(LAUNCHD_TEMPLATE.read_text()).substitute(
+    return Template(LAUNCHD_TEMPLATE.read_text(encoding="utf-8")).substitute(
         label=LABEL,
         program_arguments=arguments,
         working_directory=escape(str(working_directory())),
@@ -58,7 +61,7 @@ def render_launchd(config_path: Path, process_type: str = "Adaptive", home: Path
 
 
 def render_systemd(config_path: Path) -> str:
-    return Template(SYSTEMD_TEMPLATE.read_text()).substitute(
+    return Template(SYSTEMD_TEMPLATE.read_text(encoding="utf-8")).substitute(
         working_directory=str(working_directory()),
         # systemd expands % specifiers in ExecStart: a literal % is written %%.
         exec_start=shlex.join(agent_command(config_path)).replace("%", "%%"),

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from agents.macos.config import PolicyConfig
+from minions.agents.macos.config import PolicyConfig
 from minions.logging import get_logger
 
 log = get_logger(__name__)

@@ -8,9 +8,9 @@ import sys
 from minions.cli import admin, tasks, up
 
 SERVICES = {
-    "api": "services.api.main",
-    "splitter": "services.splitter.main",
-    "watchdog": "services.watchdog.main",
+    "api": "minions.services.api.main",
+    "splitter": "minions.services.splitter.main",
+    "watchdog": "minions.services.watchdog.main",
 }
 
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_parsers(sub)
     tasks.add_parsers(sub)
     try:
-        from agents.macos.cli import add_parser as add_agent_parser
+        from minions.agents.macos.cli import add_parser as add_agent_parser
     except ImportError:  # the agent is an optional install
         pass
     else:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("submit", "status", "wait", "results", "cancel", "executors"):
         return tasks.run(args)
     if args.command == "agent":
-        from agents.macos.cli import run as run_agent
+        from minions.agents.macos.cli import run as run_agent
 
         return run_agent(args)
     handler = args.handler

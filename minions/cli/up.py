@@ -69,16 +69,16 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         api_url = f"http://{_host(settings.host)}:{settings.port}"
         env = _service_env(settings, database_url, store, api_url)
 
-        await supervisor.start("api", "services.api", [], env)
-        await supervisor.start("splitter", "services.splitter", [], env)
-        await supervisor.start("watchdog", "services.watchdog", [], env)
+        await supervisor.start("api", "minions.services.api", [], env)
+        await supervisor.start("splitter", "minions.services.splitter", [], env)
+        await supervisor.start("watchdog", "minions.services.watchdog", [], env)
         await _wait_healthy(api_url, supervisor)
 
         executor_token = await _executor_token(data_dir, database_url)
         for i in range(args.executors):
             # The machine's owner started these by hand: the idle/power/thermal policy is off.
             agent_args = ["--name", f"local-{i + 1}", "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
-            await supervisor.start(f"agent-{i + 1}", "agents.macos", [*agent_args, *args.executor_arg],
+            await supervisor.start(f"agent-{i + 1}", "minions.agents.macos", [*agent_args, *args.executor_arg],
                                    {**env, "MINIONS_TOKEN": executor_token})
 
         info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}

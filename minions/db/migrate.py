@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 
 import asyncpg
 
@@ -31,17 +31,25 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
-def discover(folder: Path | None = None) -> list[Migration]:
+def discover(folder: Traversable | None = None) -> list[Migration]:
+    """The numbered migrations in `folder` (the packaged schema by default), in order. None found is an
+    error, never an empty schema reported as up to date (a broken install must not look healthy)."""
     folder = folder or sql_dir()
-    files = sorted(p for p in folder.glob("*.sql") if p.name[:3].isdigit())
-    return [Migration(p.name, p.read_text()) for p in files]
+    found = sorted(
+        (p for p in folder.iterdir() if p.is_file() and p.name.endswith(".sql") and p.name[:3].isdigit()),
+        key=lambda p: p.name,
+    )
+    if not found:
+        raise MigrationError(f"no migrations found in {folder}: the schema is missing from this install")
+    return [Migration(p.name, p.read_text(encoding="utf-8")) for p in found]
 
 
-async def migrate(database_url: str, folder: Path | None = None) -> list[str]:
+async def migrate(database_url: str, folder: Traversable | None = None) -> list[str]:
     """Apply pending migrations; returns the names applied now."""
+    migrations = discover(folder)
     conn = await connect(database_url)
     try:
-        return await apply(conn, discover(folder))
+        return await apply(conn, migrations)
     finally:
         await conn.close()
 

@@ -1,13 +1,17 @@
-"""Where the schema lives: the repository's `sql/` folder (MINIONS_SQL_DIR overrides)."""
+"""Where the schema lives: the `sql/` folder, shipped inside the `minions` package as package data
+(`minions/sql` is the repository's top-level `sql/`), read through `importlib.resources` so an
+installed wheel finds it as a checkout does. MINIONS_SQL_DIR overrides it (a folder on disk)."""
 
 from __future__ import annotations
 
 import os
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 
-def sql_dir() -> Path:
+def sql_dir() -> Traversable:
     override = os.environ.get("MINIONS_SQL_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "sql"
+    return files("minions") / "sql"

@@ -27,7 +27,7 @@ def parse(text: str) -> dict[str, str]:
 @cache
 def load(service: str) -> dict[str, str]:
     """The named queries of one service (`api`, `splitter`, `watchdog`, `cli`)."""
-    return parse((sql_dir() / "queries" / f"{service}.sql").read_text())
+    return parse((sql_dir() / "queries" / f"{service}.sql").read_text(encoding="utf-8"))
 
 
 class Queries:

@@ -1,5 +1,5 @@
 import sys
 
-from services.api.main import main
+from minions.services.api.main import main
 
 sys.exit(main())

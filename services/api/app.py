@@ -13,17 +13,17 @@ from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.services.api import routes as _routes  # noqa: F401  (package marker)
+from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
+from minions.services.api.claim_waiters import ClaimWaiters
+from minions.services.api.errors import ApiError, error_response
+from minions.services.api.routes import executors, health, leases, task_details, tasks
+from minions.services.api.routes import openapi as openapi_routes
+from minions.services.api.routes import store as store_routes
+from minions.services.api.routes import web as web_ui
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
-from services.api import routes as _routes  # noqa: F401  (package marker)
-from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
-from services.api.auth import PRINCIPAL, TokenCache, authenticate
-from services.api.claim_waiters import ClaimWaiters
-from services.api.errors import ApiError, error_response
-from services.api.routes import executors, health, leases, task_details, tasks
-from services.api.routes import openapi as openapi_routes
-from services.api.routes import store as store_routes
-from services.api.routes import web as web_ui
 
 Q = Queries("api")
 log = get_logger(__name__)

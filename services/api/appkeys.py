@@ -6,8 +6,8 @@ import asyncpg
 from aiohttp import web
 
 from minions.config import Settings
+from minions.services.api.claim_waiters import ClaimWaiters
 from minions.store.base import ObjectStore
-from services.api.claim_waiters import ClaimWaiters
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)

@@ -10,8 +10,8 @@ import asyncpg
 from aiohttp import web
 
 from minions.db.queries import Queries
+from minions.services.api.errors import ApiError, forbidden
 from minions.tokens import hash_token
-from services.api.errors import ApiError, forbidden
 
 Q = Queries("api")
 CACHE_SECONDS = 10.0

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
-from services.api.errors import ApiError, bad_request, invalid
+from minions.services.api.errors import ApiError, bad_request, invalid
 
 
 async def json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`python -m services.api` / `minions api`: the API service alone (production)."""
+"""`python -m minions.services.api` / `minions api`: the API service alone (production)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 from minions import config
 from minions.logging import configure, get_logger
 from minions.runtime import install_uvloop
-from services.api.app import create_app
+from minions.services.api.app import create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
             "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from minions.records import KINDS, MAX_ID_LENGTH, MAX_SLEEP_MS, ROLES
-from services.api.validation import MAX_SUBTASK_SIZE
+from minions.services.api.validation import MAX_SUBTASK_SIZE
 
 Schema = dict[str, Any]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from minions.services.api.responses import iso
 from minions.store.base import ObjectStore
-from services.api.responses import iso
 
 
 def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any
 from minions import jsoncodec
 from minions.names import NAME, NAME_RULE
 from minions.records import KINDS, check_record
-from services.api.bodies import NUL_RULE, nul_path
-from services.api.errors import invalid
+from minions.services.api.bodies import NUL_RULE, nul_path
+from minions.services.api.errors import invalid
 
 DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
 MAX_SUBTASK_SIZE = 100_000

@@ -1,7 +1,7 @@
-"""`python -m services.splitter`."""
+"""`python -m minions.services.splitter`."""
 
 import sys
 
-from services.splitter.main import main
+from minions.services.splitter.main import main
 
 sys.exit(main())

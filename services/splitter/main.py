@@ -1,4 +1,4 @@
-"""`python -m services.splitter`: the splitter service.
+"""`python -m minions.services.splitter`: the splitter service.
 
 One listener connection (LISTEN tasks) wakes `--workers` split workers, each on its own connection.
 Workers also sweep on start, after every reconnect and every sweep interval, so no task waits on a
@@ -22,10 +22,10 @@ from minions.backoff import Backoff
 from minions.config import ConfigError, Settings, add_arguments, from_args
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
+from minions.services.splitter.listener import TaskListener, Wakeup
+from minions.services.splitter.worker import RetryBook, Worker
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
-from services.splitter.listener import TaskListener, Wakeup
-from services.splitter.worker import RetryBook, Worker
 
 Q = Queries("splitter")
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "sweep_interval_s", "public_url", "host", "port")
@@ -34,7 +34,7 @@ log = minions_logging.get_logger("splitter")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Settings, int]:
-    parser = argparse.ArgumentParser(prog="python -m services.splitter",
+    parser = argparse.ArgumentParser(prog="python -m minions.services.splitter",
                                      description="Split submitted tasks into subtasks.")
     add_arguments(parser, SETTINGS)
     parser.add_argument("--workers", type=int, default=2, metavar="N",

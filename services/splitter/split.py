@@ -18,8 +18,8 @@ import asyncpg
 
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Subtask
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
-from services.splitter.cutter import Cutter, IdFinder, InputError, Subtask
 
 Q = Queries("splitter")
 

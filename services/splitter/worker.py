@@ -15,8 +15,8 @@ from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.services.splitter.split import SplitResult, fail_task, split_task
 from minions.store.base import ObjectStore
-from services.splitter.split import SplitResult, fail_task, split_task
 
 Q = Queries("splitter")
 

@@ -1,5 +1,5 @@
 import sys
 
-from services.watchdog.main import main
+from minions.services.watchdog.main import main
 
 sys.exit(main())

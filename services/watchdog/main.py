@@ -1,4 +1,4 @@
-"""`python -m services.watchdog` / `minions watchdog`: the watchdog service alone (production)."""
+"""`python -m minions.services.watchdog` / `minions watchdog`: the watchdog service alone (production)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from minions import config
 from minions.logging import configure
 from minions.runtime import install_uvloop
-from services.watchdog.service import Watchdog
+from minions.services.watchdog.service import Watchdog
 
 SETTINGS = ("database_url", "lease_timeout_s", "heartbeat_interval_s", "sweep_interval_s")
 

@@ -16,7 +16,7 @@ from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from services.watchdog.deadlines import Deadlines
+from minions.services.watchdog.deadlines import Deadlines
 
 Q = Queries("watchdog")
 log = get_logger(__name__)

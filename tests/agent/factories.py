@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.macos.protocol import InputRef, Subtask
+from minions.agents.macos.protocol import InputRef, Subtask
 
 
 def subtask(kind: str, model: str | None = None, params: dict[str, Any] | None = None, records: int = 1) -> Subtask:

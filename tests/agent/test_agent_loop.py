@@ -32,23 +32,23 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agents.macos import agent as agent_module
-from agents.macos.agent import Agent
-from agents.macos.client import ExecutorClient
-from agents.macos.config import PolicyConfig, build
-from agents.macos.hardware import Hardware
-from agents.macos.policy import OwnerPolicy
-from agents.macos.runners.base import Runner
-from agents.macos.runners.embedding import EmbeddingRunner
-from agents.macos.runners.model_paths import MINILM
-from agents.macos.runners.sleep import SleepRunner
-from agents.macos.runners.torch_setup import TorchSettings
 from minions import jsoncodec
+from minions.agents.macos import agent as agent_module
+from minions.agents.macos.agent import Agent
+from minions.agents.macos.client import ExecutorClient
+from minions.agents.macos.config import PolicyConfig, build
+from minions.agents.macos.hardware import Hardware
+from minions.agents.macos.policy import OwnerPolicy
+from minions.agents.macos.runners.base import Runner
+from minions.agents.macos.runners.embedding import EmbeddingRunner
+from minions.agents.macos.runners.model_paths import MINILM
+from minions.agents.macos.runners.sleep import SleepRunner
+from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.backoff import Backoff
 from minions.db.connect import connect
+from minions.services.splitter.split import split_task
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
-from services.splitter.split import split_task
 from tests.support.api import ApiHarness, running_api
 from tests.support.factories import make_token
 from tests.support.waiting import T, eventually
@@ -389,7 +389,7 @@ async def test_late_complete_is_refused_and_the_agent_goes_on(
 
 def _spawn_agent(url: str, token: str, *extra: str) -> Awaitable[asyncio.subprocess.Process]:
     env = {**os.environ, "MINIONS_TOKEN": token, "HOME": "/nonexistent-home"}
-    argv = [sys.executable, "-m", "agents.macos", "--api-url", url, "--kind", "sleep", "--no-idle-check",
+    argv = [sys.executable, "-m", "minions.agents.macos", "--api-url", url, "--kind", "sleep", "--no-idle-check",
             "--no-ac-check", "--no-thermal-check", "--name", "sub", *extra]
     return asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
                                           stderr=asyncio.subprocess.PIPE)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.macos.awake import keep_awake
+from minions.agents.macos.awake import keep_awake
 
 
 async def test_caffeinate_is_started_and_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

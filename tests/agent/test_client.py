@@ -8,8 +8,8 @@ import random
 import pytest
 from aiohttp import web
 
-from agents.macos.client import AuthError, Conflict, ExecutorClient, StorageError
-from agents.macos.protocol import InputRef
+from minions.agents.macos.client import AuthError, Conflict, ExecutorClient, StorageError
+from minions.agents.macos.protocol import InputRef
 from minions.backoff import Backoff
 from tests.agent.local_http import free_port, serving
 

@@ -13,14 +13,14 @@ import ollama
 import pytest
 import pytest_asyncio
 
-from agents.macos.runners.base import Interrupted, PermanentError, RunnerError
-from agents.macos.runners.completion import (
+from minions.agents.macos.runners.base import Interrupted, PermanentError, RunnerError
+from minions.agents.macos.runners.completion import (
     CompletionParams,
     OllamaCompletionRunner,
     TransformersCompletionRunner,
     build_prompt,
 )
-from agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.torch_setup import TorchSettings
 from tests.agent.factories import subtask
 from tests.agent.local_http import free_port
 from tests.agent.ollama_double import OllamaDouble

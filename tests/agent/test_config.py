@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.macos import config
-from agents.macos.config import AgentConfigError, Preference
+from minions.agents.macos import config
+from minions.agents.macos.config import AgentConfigError, Preference
 
 
 @pytest.fixture(autouse=True)

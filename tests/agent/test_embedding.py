@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from agents.macos.runners.base import Interrupted, PermanentError
-from agents.macos.runners.embedding import EmbeddingParams, EmbeddingRunner
-from agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.base import Interrupted, PermanentError
+from minions.agents.macos.runners.embedding import EmbeddingParams, EmbeddingRunner
+from minions.agents.macos.runners.torch_setup import TorchSettings
 from tests.agent.factories import subtask
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents.macos import hardware
+from minions.agents.macos import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,9 +24,9 @@ def test_detect_describes_this_machine() -> None:
 def test_sleep_and_ollama_agents_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from agents.macos import agent, cli\n"
-        "from agents.macos.config import build\n"
-        "from agents.macos.runners.registry import build_runners\n"
+        "from minions.agents.macos import agent, cli\n"
+        "from minions.agents.macos.config import build\n"
+        "from minions.agents.macos.runners.registry import build_runners\n"
         "cfg = build({'token': 't', 'kinds': ['sleep', 'completion', 'embedding']})\n"
         "build_runners(cfg, 'cpu')\n"
         "print('torch' in sys.modules, 'transformers' in sys.modules)\n"

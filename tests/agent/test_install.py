@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.macos import cli, config, install
+from minions.agents.macos import cli, config, install
 
 
 def agent_config(**changes: object) -> config.AgentConfig:
@@ -28,7 +28,7 @@ def test_launchd_plist_has_the_required_keys(tmp_path: Path) -> None:
     assert plist["LowPriorityIO"] is True
     assert plist["StandardOutPath"].startswith(str(tmp_path / "Library/Logs/minions/"))
     assert plist["StandardErrorPath"].startswith(str(tmp_path / "Library/Logs/minions/"))
-    assert plist["ProgramArguments"][1:] == ["-m", "agents.macos", "--config", str(conf_path)]
+    assert plist["ProgramArguments"][1:] == ["-m", "minions.agents.macos", "--config", str(conf_path)]
     assert steps.activate == ("launchctl", "load", "-w", str(plist_path))
     standard = install.plan(agent_config(), system="Darwin", home=tmp_path, process_type="Standard")
     assert plistlib.loads(standard.files[1][1].encode())["ProcessType"] == "Standard"

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from agents.macos import policy
-from agents.macos.config import PolicyConfig
-from agents.macos.policy import OwnerPolicy
+from minions.agents.macos import policy
+from minions.agents.macos.config import PolicyConfig
+from minions.agents.macos.policy import OwnerPolicy
 from tests.agent.conftest import FIXTURES
 
 

@@ -1,5 +1,5 @@
 """What every drill stands on: the three services as real processes, a fleet of real agent
-processes (`python -m agents.macos --kind sleep`), an admin client, and a direct database
+processes (`python -m minions.agents.macos --kind sleep`), an admin client, and a direct database
 connection for the audit and for picking victims.
 
 `MINIONS_CHAOS=long` (`make chaos`) scales the drills up; `pick(short, long)` is how each drill

@@ -1,5 +1,5 @@
 """The executor agent end to end: the services as real processes (API, splitter, watchdog over a
-real PostgreSQL), real `python -m agents.macos` processes, and the SDK as a pipeline would use it.
+real PostgreSQL), real `python -m minions.agents.macos` processes, and the SDK as a pipeline would use it.
 
 - 1,000 sentences embedded by two agents equal sentence-transformers, record by record;
 - kill -9 of an agent mid-task loses nothing: the watchdog requeues its lease and every record

@@ -21,8 +21,8 @@ from aiohttp import web
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
-from services.api.app import create_app
-from services.api.routes import openapi as openapi_routes
+from minions.services.api.app import create_app
+from minions.services.api.routes import openapi as openapi_routes
 from tests.support.factories import make_task, make_token
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from services.api.openapi import document
+from minions.services.api.openapi import document
 from tests.fuzz.live import QUEUED, LiveApi
 
 SLEEP_TASK = {"team": "search", "project": "ranker", "name": "regression", "kind": "sleep",

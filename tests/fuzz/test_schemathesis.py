@@ -23,7 +23,7 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis.core.parameters import ParameterLocation
 
-from services.api.openapi import JSONL_MEDIA_TYPES, document
+from minions.services.api.openapi import JSONL_MEDIA_TYPES, document
 from tests.fuzz.live import LiveApi, Seeds
 
 EXAMPLES = int(os.environ.get("MINIONS_FUZZ_EXAMPLES", "100"))

@@ -1,4 +1,4 @@
-"""Real agent processes (`python -m agents.macos`) against real services, for end-to-end and chaos
+"""Real agent processes (`python -m minions.agents.macos`) against real services, for end-to-end and chaos
 tests."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class AgentFleet:
     agents: list[AgentProcess] = field(default_factory=list)
 
     def start(self, name: str, *extra: str, kinds: tuple[str, ...] = ("sleep",)) -> AgentProcess:
-        args = [sys.executable, "-m", "agents.macos", "--api-url", self.services.api_url, "--token", self.token,
+        args = [sys.executable, "-m", "minions.agents.macos", "--api-url", self.services.api_url, "--token", self.token,
                 "--name", name, "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
         for kind in kinds:
             args += ["--kind", kind]

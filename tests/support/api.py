@@ -15,7 +15,7 @@ from minions import jsoncodec
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
-from services.api.app import create_app
+from minions.services.api.app import create_app
 from tests.support.factories import make_token
 
 

@@ -1,4 +1,4 @@
-"""The services as real processes (`python -m services.api` ...), as production runs them."""
+"""The services as real processes (`python -m minions.services.api` ...), as production runs them."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class Services:
         }
 
     def start(self, name: str) -> Service:
-        module = {"api": "services.api", "splitter": "services.splitter", "watchdog": "services.watchdog"}[name]
+        module = f"minions.services.{name}"
         service = Service(name, module, self.env(), self.workdir / f"{name}.log").start()
         self.running[name] = service
         return service

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from agents.macos.protocol import Subtask
+from minions.agents.macos.protocol import Subtask
 
 T = TypeVar("T")
 Record = dict[str, Any]

@@ -14,9 +14,9 @@ from typing import Any
 
 import ollama
 
-from agents.macos.protocol import Subtask
-from agents.macos.runners import torch_setup
-from agents.macos.runners.base import (
+from minions.agents.macos.protocol import Subtask
+from minions.agents.macos.runners import torch_setup
+from minions.agents.macos.runners.base import (
     InferenceThread,
     PermanentError,
     Record,
@@ -25,7 +25,7 @@ from agents.macos.runners.base import (
     require_model,
     string_field,
 )
-from agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.logging import get_logger
 
 log = get_logger(__name__)

@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agents.macos.protocol import Subtask
-from agents.macos.runners import model_paths, torch_setup
-from agents.macos.runners.base import (
+from minions.agents.macos.protocol import Subtask
+from minions.agents.macos.runners import model_paths, torch_setup
+from minions.agents.macos.runners.base import (
     InferenceThread,
     PermanentError,
     Record,
@@ -21,7 +21,7 @@ from agents.macos.runners.base import (
     require_model,
     string_field,
 )
-from agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.logging import get_logger
 
 log = get_logger(__name__)

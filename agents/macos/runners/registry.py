@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agents.macos.config import AgentConfig
-from agents.macos.runners.base import Runner
-from agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.config import AgentConfig
+from minions.agents.macos.runners.base import Runner
+from minions.agents.macos.runners.torch_setup import TorchSettings
 
 
 def uses_torch(config: AgentConfig) -> bool:
@@ -17,15 +17,15 @@ def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
     )
     runners: dict[str, Runner] = {}
     if "sleep" in config.kinds:
-        from agents.macos.runners.sleep import SleepRunner
+        from minions.agents.macos.runners.sleep import SleepRunner
 
         runners["sleep"] = SleepRunner()
     if "embedding" in config.kinds:
-        from agents.macos.runners.embedding import EmbeddingRunner
+        from minions.agents.macos.runners.embedding import EmbeddingRunner
 
         runners["embedding"] = EmbeddingRunner(torch_settings)
     if "completion" in config.kinds:
-        from agents.macos.runners import completion
+        from minions.agents.macos.runners import completion
 
         if config.completion_backend == "transformers":
             runners["completion"] = completion.TransformersCompletionRunner(torch_settings)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agents.macos.protocol import Subtask
-from agents.macos.runners.base import PermanentError, Record
+from minions.agents.macos.protocol import Subtask
+from minions.agents.macos.runners.base import PermanentError, Record
 
 
 class SleepRunner:

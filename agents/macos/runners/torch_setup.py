@@ -53,8 +53,8 @@ def load_pretrained(name: str, auto_class: str, what: str, device: str) -> tuple
     find it); one that failed to load otherwise is a RunnerError (another machine may manage)."""
     import transformers
 
-    from agents.macos.runners import model_paths
-    from agents.macos.runners.base import PermanentError, RunnerError
+    from minions.agents.macos.runners import model_paths
+    from minions.agents.macos.runners.base import PermanentError, RunnerError
 
     path = model_paths.resolve(name)
     log.info(f"{what}_model_loading", model=name, path=path, device=device)

@@ -12,12 +12,12 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME
 from minions.records import KINDS
+from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.auth import Principal, require
+from minions.services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
+from minions.services.api.errors import ApiError, forbidden, invalid, not_found
+from minions.services.api.responses import json_response
 from minions.store.base import StoreError
-from services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
-from services.api.auth import Principal, require
-from services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
-from services.api.errors import ApiError, forbidden, invalid, not_found
-from services.api.responses import json_response
 
 Q = Queries("api")
 log = get_logger(__name__)

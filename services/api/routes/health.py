@@ -6,7 +6,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
-from services.api.appkeys import POOL
+from minions.services.api.appkeys import POOL
 
 Q = Queries("api")
 routes = web.RouteTableDef()

@@ -11,10 +11,10 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from services.api.appkeys import POOL, STORE
-from services.api.auth import require
-from services.api.bodies import json_object, without_nul
-from services.api.errors import ApiError, conflict, forbidden, invalid
+from minions.services.api.appkeys import POOL, STORE
+from minions.services.api.auth import require
+from minions.services.api.bodies import json_object, without_nul
+from minions.services.api.errors import ApiError, conflict, forbidden, invalid
 
 Q = Queries("api")
 log = get_logger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from minions import jsoncodec
-from services.api.openapi import document
+from minions.services.api.openapi import document
 
 routes = web.RouteTableDef()
 PATH = "/api/openapi.json"

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from minions import jsoncodec
+from minions.services.api.appkeys import STORE
+from minions.services.api.errors import error_response
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, validate_key
 from minions.store.local import LocalStore
-from services.api.appkeys import STORE
-from services.api.errors import error_response
 
 ROUTE = "/api/v1/store/{key:.+}"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")

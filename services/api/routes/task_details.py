@@ -8,11 +8,11 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
-from services.api.appkeys import POOL
-from services.api.auth import require
-from services.api.bodies import query_int
-from services.api.errors import invalid
-from services.api.routes.tasks import CURSOR, _task_row
+from minions.services.api.appkeys import POOL
+from minions.services.api.auth import require
+from minions.services.api.bodies import query_int
+from minions.services.api.errors import invalid
+from minions.services.api.routes.tasks import CURSOR, _task_row
 
 Q = Queries("web")
 routes = web.RouteTableDef()

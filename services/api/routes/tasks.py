@@ -15,14 +15,14 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
+from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.auth import Principal, require
+from minions.services.api.bodies import json_object, query_int
+from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
+from minions.services.api.representations import task_object
+from minions.services.api.responses import json_response
+from minions.services.api.validation import TaskRequest, validate_task
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
-from services.api.appkeys import POOL, SETTINGS, STORE
-from services.api.auth import Principal, require
-from services.api.bodies import json_object, query_int
-from services.api.errors import ApiError, conflict, forbidden, invalid, not_found
-from services.api.representations import task_object
-from services.api.responses import json_response
-from services.api.validation import TaskRequest, validate_task
 
 Q = Queries("api")
 log = get_logger(__name__)

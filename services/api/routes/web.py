@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 from aiohttp import web
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+# Package data, read through importlib.resources: the same in a checkout and an installed wheel.
+WEB_DIR: Traversable = files("minions.services.api") / "web"
 routes = web.RouteTableDef()
 
 CONTENT_TYPES = {
@@ -34,24 +36,31 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
-def _resolve(relative: str) -> Path | None:
-    """The asset `relative` names inside WEB_DIR, or None (outside it, hidden, unknown type, missing)."""
-    if not relative or any(part.startswith(".") for part in relative.split("/")):
+def _suffix(name: str) -> str:
+    dot = name.rfind(".")
+    return name[dot:] if dot > 0 else ""
+
+
+def _resolve(relative: str) -> Traversable | None:
+    """The asset `relative` names inside WEB_DIR, or None (hidden, unknown type, missing). Every part
+    must be a plain name (no `..`, no hidden files, no backslashes), so nothing outside WEB_DIR."""
+    parts = relative.split("/")
+    if not relative or any(not part or part.startswith(".") or "\\" in part for part in parts):
         return None
-    path = (WEB_DIR / relative).resolve()
-    if not path.is_relative_to(WEB_DIR) or path.suffix not in CONTENT_TYPES or not path.is_file():
+    path = WEB_DIR.joinpath(*parts)
+    if _suffix(path.name) not in CONTENT_TYPES or not path.is_file():
         return None
     return path
 
 
-async def _serve(request: web.Request, path: Path, cache_control: str,
+async def _serve(request: web.Request, path: Traversable, cache_control: str,
                  extra: dict[str, str] | None = None) -> web.Response:
     body = await asyncio.to_thread(path.read_bytes)
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
     headers = {"Cache-Control": cache_control, "ETag": etag, **SECURITY_HEADERS, **(extra or {})}
     if etag in {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}:
         return web.Response(status=304, headers=headers)
-    headers["Content-Type"] = CONTENT_TYPES[path.suffix]
+    headers["Content-Type"] = CONTENT_TYPES[_suffix(path.name)]
     return web.Response(body=body, headers=headers)
 
 
