@@ -39,12 +39,14 @@ def _stdlib_event(_logger: Any, _method: str, event_dict: MutableMapping[str, An
     return event_dict
 
 
-def configure(service: str, level: str | None = None) -> None:
+def configure(service: str, level: str | None = None, *, for_terminal: bool = False) -> None:
     """Configure structlog (and the stdlib logging under it) for a process. JSON unless
-    MINIONS_LOG_FORMAT=console."""
+    MINIONS_LOG_FORMAT=console; a command a person runs (`for_terminal`) renders readable lines
+    when its stderr is a terminal and MINIONS_LOG_FORMAT is unset."""
     level_name = (level or os.environ.get("MINIONS_LOG_LEVEL", "info")).upper()
     level_no = getattr(logging, level_name, logging.INFO)
-    console = os.environ.get("MINIONS_LOG_FORMAT", "json") == "console"
+    default_format = "console" if for_terminal and sys.stderr.isatty() else "json"
+    console = os.environ.get("MINIONS_LOG_FORMAT", default_format) == "console"
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         if console
