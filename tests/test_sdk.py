@@ -119,7 +119,7 @@ async def test_a_503_is_retried_after_the_servers_retry_after(own_postgres: Embe
     await services.start_all()
     try:
         admin, _ = await make_tokens(own_postgres.url)
-        async with MinionsClient(services.api_url, admin) as client:
+        async with MinionsClient(services.api_url, admin, retries=60) as client:  # PG may start slowly here
             assert (await client.tasks())["tasks"] == []
             await asyncio.to_thread(own_postgres.stop, "immediate")
             listing = asyncio.create_task(client.tasks(project="outage"))
