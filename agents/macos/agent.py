@@ -99,10 +99,14 @@ class Agent:
     async def run(self) -> None:
         """Serve until cancelled (or a fatal error); then hand back held work and deregister."""
         await self.register()
-        print(
-            describe(self._config, list(self._runners), self._hardware, self._models, self.registration),
-            flush=True,
-        )
+        registration = self.registration
+        log.info("agent_ready", name=self._config.name, executor_id=registration.executor_id,
+                 api_url=self._config.api_url, kinds=list(self._runners), models=self._models,
+                 preferences=[str(p) for p in self._config.preferences], device=self._hardware.device,
+                 policy=self._config.policy.describe(), heartbeat_interval_s=registration.heartbeat_interval_s)
+        if sys.stdout.isatty():  # its owner, in a terminal; log files hold JSON only
+            print(describe(self._config, list(self._runners), self._hardware, self._models, registration),
+                  flush=True)
         work = asyncio.create_task(self._work_loop(), name="work")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         try:
@@ -319,12 +323,12 @@ async def serve(config: AgentConfig) -> int:
         log.info("agent_stopped")
         return EXIT_OK
     except AuthError as exc:
-        print(f"minions agent: {exc}", file=sys.stderr, flush=True)
+        log.error("token_refused", error=str(exc))
         return EXIT_CONFIG
     except Rejected as exc:
         # Only registration lets a 4xx escape (e.g. 422: a preference outside the token's team);
         # restarting cannot fix the configuration, so this is a configuration exit too.
-        print(f"minions agent: the API rejected this agent's registration: {exc}", file=sys.stderr, flush=True)
+        log.error("registration_rejected", error=f"the API rejected this agent's registration: {exc}")
         return EXIT_CONFIG
     finally:
         _remove_signal_handlers()

@@ -43,18 +43,23 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed `agent` command; the process exit status."""
-    from minions.logging import configure
+    from minions.logging import configure, get_logger
 
+    installing = getattr(args, "agent_command", None) == "install"
+    if not installing:  # the agent's log (a file under launchd/systemd/`minions up`) holds JSON only
+        configure("agent", for_terminal=True)
     try:
         config = agent_config.from_args(args)
     except agent_config.AgentConfigError as exc:
-        print(f"minions agent: {exc}")
+        if installing:
+            print(f"minions agent: {exc}")
+        else:
+            get_logger(__name__).error("config_invalid", error=str(exc))
         return 78  # EX_CONFIG, as for a refused token
-    if getattr(args, "agent_command", None) == "install":
+    if installing:
         from minions.agents.macos import install
 
         return install.install(config, dry_run=args.dry_run, process_type=args.process_type)
-    configure("agent")
     from minions.agents.macos.agent import serve
 
     return asyncio.run(serve(config))

@@ -1,9 +1,10 @@
 """HTTP client of the executor protocol (API.md), and of the presigned object-store URLs.
 
 Transient trouble (connection refused or reset, timeouts, 429, 5xx) is retried forever with
-capped exponential backoff: an agent on a laptop outlives server restarts and Wi-Fi changes and
-never crashes over them. Answers that retrying cannot fix become exceptions: 401/403 is fatal
-(`AuthError`), 409 means a lease or executor is gone (`Conflict`), other 4xx (`Rejected`).
+capped exponential backoff, or after the server's `Retry-After` when it sends one: an agent on a
+laptop outlives server restarts and Wi-Fi changes and never crashes over them. Answers that
+retrying cannot fix become exceptions: 401/403 is fatal (`AuthError`), 409 means a lease or
+executor is gone (`Conflict`), other 4xx (`Rejected`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from minions import jsoncodec
 from minions.agents.macos.protocol import Claim, InputRef, Registration, parse_claim, parse_registration
 from minions.backoff import Backoff
 from minions.logging import get_logger
+from minions.retry_after import retry_after_s
 
 log = get_logger(__name__)
 
@@ -169,18 +171,20 @@ class ExecutorClient:
             headers["Content-Type"] = "application/json"
         attempt = 0
         while True:
+            asked: float | None = None
             try:
                 async with self.session.request(
                     method, url, data=data, headers=headers, params=params, timeout=client_timeout
                 ) as response:
                     status, raw = response.status, await response.read()
+                    asked = retry_after_s(response.headers)
             except _TRANSIENT_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 if status < 500 and status != 429:
                     return status, _answer(status, raw, method, path)
                 reason = f"HTTP {status}"
-            attempt = await self._pause("api_retry", f"{method} {path}", reason, attempt)
+            attempt = await self._pause("api_retry", f"{method} {path}", reason, attempt, asked)
 
     async def _store_request(
         self,
@@ -195,11 +199,13 @@ class ExecutorClient:
         # turn %2F in the signature into %252F and break it).
         target = yarl.URL(url, encoded=True)
         while True:
+            asked: float | None = None
             try:
                 async with self.session.request(
                     method, target, headers=headers, data=data, timeout=_STORE_TIMEOUT
                 ) as response:
                     status, raw = response.status, await response.read()
+                    asked = retry_after_s(response.headers)
             except _TRANSIENT_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             else:
@@ -208,10 +214,13 @@ class ExecutorClient:
                 if status < 500 and status != 429:
                     raise StorageError(f"object store answered HTTP {status} to {method}: {_snippet(raw)}")
                 reason = f"HTTP {status}"
-            attempt = await self._pause("store_retry", method, reason, attempt)
+            attempt = await self._pause("store_retry", method, reason, attempt, asked)
 
-    async def _pause(self, event: str, what: str, reason: str, attempt: int) -> int:
-        delay = self._backoff.delay(attempt)
+    async def _pause(self, event: str, what: str, reason: str, attempt: int,
+                     retry_after: float | None = None) -> int:
+        # A server that says when to come back (503/429 with Retry-After) is believed: the whole
+        # fleet then returns when it can serve, not on each agent's shorter backoff.
+        delay = retry_after if retry_after is not None else self._backoff.delay(attempt)
         log.warning(event, request=what, reason=reason, attempt=attempt + 1, retry_in_s=round(delay, 2))
         await asyncio.sleep(delay)
         return attempt + 1

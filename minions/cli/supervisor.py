@@ -62,9 +62,8 @@ class Supervisor:
             if self._stopping or child.stopping:
                 return
             child.restarts += 1
+            # One event, once (it was also printed, so every exit showed twice).
             log.warning("child_exited", child=child.name, code=code, restart_in_s=delay, log=str(child.log_path))
-            print(f"minions up: {child.name} exited with {code}; restarting in {delay:.0f}s "
-                  f"(log: {child.log_path})", file=sys.stderr)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
             if self._stopping or child.stopping:  # stopped while we waited to restart it

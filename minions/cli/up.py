@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    configure("up")
+    configure("up", for_terminal=True)
     settings = config.from_args(args)
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")

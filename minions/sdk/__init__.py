@@ -1,5 +1,31 @@
-"""The Python SDK: an async client of the user API."""
+"""The Python SDK: `MinionsClient` (async) and `SyncMinionsClient` (scripts, notebooks) of the user
+API, with typed tasks and results."""
 
 from minions.sdk.client import MinionsClient, MinionsError
+from minions.sdk.inputs import InputError
+from minions.sdk.objects import (
+    CompletionResult,
+    EmbeddingResult,
+    FailedRecord,
+    Result,
+    SleepResult,
+    SubtaskCounts,
+    Task,
+    UnknownResult,
+)
+from minions.sdk.sync import SyncMinionsClient
 
-__all__ = ["MinionsClient", "MinionsError"]
+__all__ = [
+    "CompletionResult",
+    "EmbeddingResult",
+    "FailedRecord",
+    "InputError",
+    "MinionsClient",
+    "MinionsError",
+    "Result",
+    "SleepResult",
+    "SubtaskCounts",
+    "SyncMinionsClient",
+    "Task",
+    "UnknownResult",
+]

@@ -1,17 +1,37 @@
 """An async client of API.md's user endpoints (tasks, results, executors, inputs).
 
-Errors come back as `MinionsError` carrying the server's status, code, message and field errors.
+Two layers on one connection:
+- typed, for pipelines: `submit(records, team=…, …)` takes a path, JSONL bytes or an iterable of
+  dicts and returns a `Task`; `wait()` (with a progress bar if asked) and `iter_results()` (one
+  typed result per input record, in input order);
+- raw, for tools that print or forward the wire JSON (the CLI's `--json`): `submit(body)`, `task()`,
+  `tasks()`, `cancel()`, `results()` (JSONL chunks), `upload_input()`, `executors()`, `health()`.
+
+A 503 or 429 is retried after the server's `Retry-After` (backoff when it sends none), as is a
+connection that could not be made; errors come back as `MinionsError` carrying the server's status,
+code, message and field errors. `SyncMinionsClient` (minions.sdk.sync) is the same for scripts and
+notebooks.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import os
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import aiohttp
 
 from minions import jsoncodec
+from minions.backoff import Backoff
+from minions.retry_after import retry_after_s
+from minions.sdk.inputs import Body, InputSource, jsonl_body
+from minions.sdk.objects import Result, Task, result_from_json
+
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+TaskRef = Task | str  # a Task, or "team/project/name"
 
 
 class MinionsError(Exception):
@@ -25,11 +45,20 @@ class MinionsError(Exception):
 
 
 class MinionsClient:
-    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8) -> None:
         self.api_url = api_url.rstrip("/")
+        self.retries = retries
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._backoff = Backoff(first_s=0.5, max_s=10.0)
+
+    @classmethod
+    def from_env(cls, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> MinionsClient:
+        """Connect as the CLI does: MINIONS_API_URL / MINIONS_TOKEN, else the up.json of a local
+        `minions up` (found the way the CLI finds it)."""
+        api_url, token = connection_settings(data_dir)
+        return cls(api_url, token, **kwargs)
 
     async def __aenter__(self) -> MinionsClient:
         return self
@@ -48,24 +77,126 @@ class MinionsClient:
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
         return self._session
 
-    async def _request(self, method: str, path: str, *, json: Any = None, data: Any = None,
-                       params: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> Any:
-        body = jsoncodec.dumps(json) if json is not None else data
+    # Plumbing ----------------------------------------------------------------------------------
+    async def _send(self, method: str, path: str, *, body: Body | bytes | None = None,
+                    params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                    once: bool = False) -> aiohttp.ClientResponse:
+        """The response (to read and release) of the first attempt the server did not ask to
+        repeat: 503/429 wait for Retry-After; a connection never made waits for backoff. A `once`
+        body (a caller's stream) cannot be sent twice: only a connection never made is retried."""
+        attempt = 0
+        while True:
+            data = body() if callable(body) else body
+            try:
+                resp = await self.session.request(method, self.api_url + path, data=data, params=params,
+                                                  headers=headers)
+            except aiohttp.ClientConnectorError:
+                if attempt >= self.retries:
+                    raise
+                delay = self._backoff.delay(attempt)
+            else:
+                if resp.status not in (429, 503) or attempt >= self.retries or once:
+                    return resp
+                delay = retry_after_s(resp.headers) or self._backoff.delay(attempt)
+                resp.release()
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _request(self, method: str, path: str, *, json: Any = None, body: Body | bytes | None = None,
+                       params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                       once: bool = False) -> Any:
         hdrs = dict(headers or {})
         if json is not None:
+            body = jsoncodec.dumps(json)
             hdrs["Content-Type"] = "application/json"
-        async with self.session.request(method, self.api_url + path, data=body, params=params,
-                                        headers=hdrs) as resp:
+        resp = await self._send(method, path, body=body, params=params, headers=hdrs, once=once)
+        async with resp:
             raw = await resp.read()
             if resp.status >= 400:
                 raise _error(resp.status, raw)
             return jsoncodec.loads(raw) if raw else None
 
-    # Tasks -------------------------------------------------------------------------------------
-    async def submit(self, task: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._request("POST", "/api/v1/tasks", json=task)
-        return result
+    # Typed: for pipelines -------------------------------------------------------------------
+    @overload
+    async def submit(self, task: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    @overload
+    async def submit(self, task: InputSource, *, team: str, project: str, name: str, kind: str,
+                     model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
+                     subtask_size: int | None = None) -> Task: ...
+
+    async def submit(self, task: Any, *, team: str | None = None, project: str | None = None,
+                     name: str | None = None, kind: str | None = None, model: str | None = None,
+                     params: Mapping[str, Any] | None = None, priority: int = 0,
+                     subtask_size: int | None = None) -> Any:
+        """`submit(records, team=, project=, name=, kind=, model=…)`: upload the records (a path, JSONL
+        bytes, or an iterable of dicts) and submit a task reading them; the `Task`.
+        `submit(body)`: POST a task body as docs/API.md writes it; the wire JSON."""
+        if team is None:
+            if not isinstance(task, Mapping):
+                raise TypeError("submit(records, ...) needs team=, project=, name= and kind=")
+            result: dict[str, Any] = await self._request("POST", "/api/v1/tasks", json=dict(task))
+            return result
+        if project is None or name is None or kind is None:
+            raise TypeError("submit(records, ...) needs team=, project=, name= and kind=")
+        if isinstance(task, Mapping):
+            raise TypeError("records must be a path, JSONL bytes or an iterable of dicts, not one dict")
+        uri = await self._upload(task)
+        body: dict[str, Any] = {"team": team, "project": project, "name": name, "kind": kind,
+                                "input": {"uri": uri}, "priority": priority, "params": dict(params or {})}
+        if model is not None:
+            body["model"] = model
+        if subtask_size is not None:
+            body["subtask_size"] = subtask_size
+        return Task.from_json(await self._request("POST", "/api/v1/tasks", json=body))
+
+    async def _upload(self, source: InputSource) -> str:
+        body, cleanup = await jsonl_body(source)
+        try:
+            result = await self._request("POST", "/api/v1/inputs", body=body,
+                                         headers={"Content-Type": "application/x-ndjson"})
+        finally:
+            await asyncio.to_thread(cleanup)
+        uri: str = result["uri"]
+        return uri
+
+    async def get_task(self, ref: TaskRef) -> Task:
+        return Task.from_json(await self.task(*task_parts(ref)))
+
+    async def wait(self, ref: TaskRef, *, progress: bool = False, interval_s: float = 0.5,
+                   timeout_s: float | None = None) -> Task:
+        """The task once it has ended (completed, failed or cancelled), polling every `interval_s`;
+        with `progress`, a progress bar on stderr meanwhile. TimeoutError after `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        team, project, name = task_parts(ref)
+        bar = _progress_bar(f"{team}/{project}/{name}") if progress else None
+        while True:
+            raw = await self.task(team, project, name)
+            if bar is not None:
+                bar.update(raw)
+            task = Task.from_json(raw)
+            if task.finished:
+                if bar is not None:
+                    bar.finish()
+                return task
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"task {task.ref} is still {task.status} after {timeout_s} s")
+            await asyncio.sleep(interval_s)
+
+    async def iter_results(self, ref: TaskRef, *, partial: bool = False) -> AsyncGenerator[Result, None]:
+        """One typed result per input record, in input order (a `FailedRecord` for a record that
+        produced none); streamed, in constant memory whatever the task's size."""
+        buffer = b""
+        async for chunk in self.results(*task_parts(ref), partial=partial):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield result_from_json(jsoncodec.loads(line))
+        if buffer.strip():
+            yield result_from_json(jsoncodec.loads(buffer))
+
+    # Raw: the wire JSON, as docs/API.md defines it ----------------------------------------------
     async def task(self, team: str, project: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("GET", f"/api/v1/tasks/{team}/{project}/{name}")
         return result
@@ -85,16 +216,20 @@ class MinionsClient:
                       ) -> AsyncIterator[bytes]:
         """The results stream, chunk by chunk (JSONL)."""
         params = {"partial": "true"} if partial else None
-        async with self.session.get(f"{self.api_url}/api/v1/tasks/{team}/{project}/{name}/results",
-                                    params=params) as resp:
+        resp = await self._send("GET", f"/api/v1/tasks/{team}/{project}/{name}/results", params=params)
+        async with resp:
             if resp.status >= 400:
                 raise _error(resp.status, await resp.read())
             async for chunk in resp.content.iter_chunked(1 << 16):
                 yield chunk
 
     async def upload_input(self, chunks: AsyncIterator[bytes] | bytes) -> str:
-        result = await self._request("POST", "/api/v1/inputs", data=chunks,
-                                     headers={"Content-Type": "application/x-ndjson"})
+        headers = {"Content-Type": "application/x-ndjson"}
+        if isinstance(chunks, bytes):
+            result = await self._request("POST", "/api/v1/inputs", body=chunks, headers=headers)
+        else:
+            stream = chunks
+            result = await self._request("POST", "/api/v1/inputs", body=lambda: stream, headers=headers, once=True)
         uri: str = result["uri"]
         return uri
 
@@ -108,6 +243,36 @@ class MinionsClient:
     async def health(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("GET", "/api/v1/health")
         return result
+
+
+def connection_settings(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:
+    """(API URL, token) from MINIONS_API_URL / MINIONS_TOKEN, else the up.json of a local `minions up`
+    (looked up by the CLI's own lookup, so SDK and CLI always agree)."""
+    from pathlib import Path
+
+    from minions.cli.connection import read_up_json  # the CLI's lookup; imported late (it imports us)
+
+    up = read_up_json(Path(data_dir) if data_dir is not None else None)
+    api_url = os.environ.get("MINIONS_API_URL") or up.get("api_url") or DEFAULT_API_URL
+    token = os.environ.get("MINIONS_TOKEN") or up.get("admin_token") or ""
+    if not token:
+        raise MinionsError(0, "no_token", "no token: set MINIONS_TOKEN, or start `minions up` on this machine")
+    return api_url, token
+
+
+def task_parts(ref: TaskRef) -> tuple[str, str, str]:
+    if isinstance(ref, Task):
+        return ref.team, ref.project, ref.name
+    parts = ref.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"a task is named TEAM/PROJECT/NAME, not {ref!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def _progress_bar(label: str) -> Any:
+    from minions.cli.progress import ProgressBar  # the CLI's bar: one look for `minions wait` and wait()
+
+    return ProgressBar(label)
 
 
 def _error(status: int, raw: bytes) -> MinionsError:

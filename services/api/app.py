@@ -127,6 +127,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(503, "store_unavailable", f"the object store failed: {exc}; retry shortly",
                               headers={"Retry-After": "2"})
     except CONNECTION_ERRORS as exc:
+        if _client_gone(request):
+            # The client hung up (mid-stream, say): nothing is wrong with the database, and no answer
+            # can reach it. 499 is for the access log (nginx's "client closed request").
+            log.debug("client_disconnected", path=request.path, error=str(exc))
+            return web.Response(status=499)
         log.warning("database_unavailable", path=request.path, error=str(exc))
         return error_response(503, "database_unavailable", "the database is unreachable; retry shortly",
                               headers={"Retry-After": "2"})
@@ -144,3 +149,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception:
         log.exception("unhandled_error", path=request.path)
         return error_response(500, "internal", "internal error (logged)")
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()

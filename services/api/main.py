@@ -10,6 +10,7 @@ from aiohttp import web
 from minions import config
 from minions.logging import configure, get_logger
 from minions.runtime import install_uvloop
+from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     install_uvloop()
     get_logger(__name__).info("api_starting", host=settings.host, port=settings.port)
     web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                access_log=None, shutdown_timeout=5)
+                access_log_class=AccessLogger, shutdown_timeout=5)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minions.redaction import redact
 from minions.services.api.responses import iso
 from minions.store.base import ObjectStore
 
@@ -40,5 +41,5 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
         "output_uri": (
             f"/api/v1/tasks/{row['team']}/{row['project']}/{row['name']}/results" if finished else None
         ),
-        "error": row["error"],
+        "error": redact(row["error"]) if row["error"] is not None else None,
     }

@@ -55,17 +55,17 @@ class TaskListener:
             try:
                 conn = await connect(self.database_url)
             except Exception as exc:  # unreachable, starting up, wrong password: all may pass
-                self.log.warning("listener cannot connect", error=repr(exc))
+                self.log.warning("listener_unreachable", error=repr(exc))
                 await backoff.sleep()
                 continue
             try:
                 await self._listen(conn)
                 backoff.reset()  # _listen returns once the connection is gone
             except CONNECTION_ERRORS as exc:
-                self.log.warning("listener connection lost", error=repr(exc))
+                self.log.warning("listener_connection_lost", error=repr(exc))
             except Exception:
                 # Whatever it was, a fresh connection is the cure; the workers sweep meanwhile.
-                self.log.exception("listener failed")
+                self.log.exception("listener_failed")
             finally:
                 conn.terminate()
             await backoff.sleep()
@@ -86,7 +86,7 @@ class TaskListener:
             await asyncio.wait([lost], timeout=self.ping_interval_s)
             if not lost.done():
                 await asyncio.wait_for(conn.fetchval(Q.ping), timeout=min(self.ping_interval_s, 10.0))
-        self.log.warning("listener connection closed")
+        self.log.warning("listener_connection_closed")
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
         self.wakeup.set()

@@ -86,7 +86,7 @@ async def serve(settings: Settings, workers: int) -> int:
     ]
     tasks = [asyncio.create_task(part) for part in parts]
     stopping = asyncio.create_task(stop.wait())
-    log.info("splitter started", workers=workers, store=store.root_uri,
+    log.info("splitter_started", workers=workers, store=store.root_uri,
              sweep_interval_s=settings.sweep_interval_s)
     try:
         done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -98,9 +98,9 @@ async def serve(settings: Settings, workers: int) -> int:
     # The listener and workers run until cancelled: one that ended on its own is a bug.
     failed = [r for r in results[1:] if not isinstance(r, asyncio.CancelledError)]
     if stopping not in done or failed:
-        log.error("splitter part ended unexpectedly", results=[repr(r) for r in failed])
+        log.error("splitter_part_ended", results=[repr(r) for r in failed])
         return 1
-    log.info("splitter stopped")
+    log.info("splitter_stopped")
     return 0
 
 
@@ -113,7 +113,7 @@ async def _open_store(settings: Settings, stop: asyncio.Event) -> ObjectStore | 
         return open_store(settings.store, signing_key=key, base_url=settings.url_for_executors,
                           s3_endpoint_url=settings.s3_endpoint_url)
     except ValueError as exc:
-        log.error("cannot open the object store", error=str(exc))
+        log.error("store_unavailable", error=str(exc))
         return None
 
 
@@ -128,10 +128,10 @@ async def _signing_key(database_url: str, stop: asyncio.Event) -> str | None:
                 await conn.close()
             if key:
                 return key
-            log.error("minion_settings holds no store_signing_key; is the schema migrated?")
+            log.error("signing_key_missing", hint="minion_settings holds no store_signing_key; is the schema migrated?")
         except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
             # Services may start before the database (or its migration); wait rather than crash.
-            log.warning("waiting for the database", error=repr(exc))
+            log.warning("waiting_for_database", error=repr(exc))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=backoff.next_delay())
     return None

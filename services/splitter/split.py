@@ -77,7 +77,7 @@ async def split_task(
     resume_offset: int = begun["split_offset"]
     resume_records: int = begun["split_records"]
     if resume_offset:
-        log.info("split resuming", offset=resume_offset, records=resume_records)
+        log.info("split_resuming", offset=resume_offset, records=resume_records)
 
     cutter = Cutter(task["kind"], task["subtask_size"])
     batch = _Batch(begun["next_subtask_id"])
@@ -121,7 +121,7 @@ async def split_task(
         first_flush_done = True
         elapsed = max(last_db - started, 1e-9)
         log.info(
-            "split progress", subtasks=inserted, records=last.first_record + last.records,
+            "split_progress", subtasks=inserted, records=last.first_record + last.records,
             bytes=cutter.offset, mb_per_s=round(cutter.offset / elapsed / 1e6, 2),
         )
         return True
@@ -145,10 +145,10 @@ async def split_task(
                     batch.items and (not first_flush_done or now - last_db >= batch_interval_s)
                 ):
                     if not await flush(batch_subtasks):
-                        log.info("split stopped: task no longer splittable")
+                        log.info("split_stopped", reason="task no longer splittable")
                         return result("cancelled")
                 if not batch.items and now - last_db >= cancel_check_s and not await still_splittable():
-                    log.info("split stopped: task no longer splittable")
+                    log.info("split_stopped", reason="task no longer splittable")
                     return result("cancelled")
                 # Cutting is CPU work: let the listener and other splits run between chunks.
                 await asyncio.sleep(0)
@@ -157,7 +157,7 @@ async def split_task(
             raise InputError("the input object changed after its split began")
         while batch.items:
             if not await flush(batch_subtasks):
-                log.info("split stopped: task no longer splittable")
+                log.info("split_stopped", reason="task no longer splittable")
                 return result("cancelled")
     except InputError as exc:
         error = str(exc)
@@ -168,18 +168,18 @@ async def split_task(
     except ObjectNotFound:
         error = f"input {uri} not found"
     except StoreUnavailable as exc:
-        log.warning("input unreadable, will retry", error=str(exc))
+        log.warning("input_unreadable", error=str(exc))
         return result("retry", str(exc))
     else:
         await conn.execute(Q.finish_split, task_id)
         elapsed = max(time.monotonic() - started, 1e-9)
         log.info(
-            "split done", subtasks=inserted, records=cutter.records, bytes=cutter.offset,
+            "split_done", subtasks=inserted, records=cutter.records, bytes=cutter.offset,
             seconds=round(elapsed, 3), mb_per_s=round(cutter.offset / elapsed / 1e6, 2),
         )
         return result("done")
     await fail_task(conn, task_id, error)
-    log.info("split failed: bad input", error=error)
+    log.info("split_failed", reason="bad input", error=error)
     # minion_fail_split deleted whatever subtasks this or an earlier run inserted.
     return SplitResult("failed", 0, cutter.records, cutter.offset, error)
 

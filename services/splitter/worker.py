@@ -76,7 +76,7 @@ class Worker:
             try:
                 conn = await connect(self.database_url)
             except Exception as exc:  # unreachable, starting up, wrong password: all may pass
-                self.log.warning("cannot connect", error=repr(exc))
+                self.log.warning("database_unreachable", error=repr(exc))
                 await backoff.sleep()
                 continue
             try:
@@ -91,13 +91,13 @@ class Worker:
 
     def _log_failure(self, conn: asyncpg.Connection, exc: Exception) -> None:
         if lost_connection(conn, exc):
-            self.log.warning("database connection lost", error=repr(exc))
+            self.log.warning("database_connection_lost", error=repr(exc))
         elif isinstance(exc, asyncpg.PostgresError):
             # E.g. the schema is not migrated yet, or an operator cancelled a statement.
-            self.log.error("database error", error=repr(exc))
+            self.log.error("database_error", error=repr(exc))
         else:
             # A bug must not stop the splitter; the retry book keeps it from spinning on a task.
-            self.log.exception("unexpected error")
+            self.log.exception("unexpected_error")
 
     async def _serve(self, conn: asyncpg.Connection, backoff: Backoff) -> None:
         while True:
@@ -138,7 +138,7 @@ class Worker:
         tries = self.retries.failed(task_id)
         if tries >= MAX_STORE_ATTEMPTS:
             error = f"input unreadable after {tries} attempts: {result.error}"
-            self.log.error("giving up on input", task_id=task_id, error=error)
+            self.log.error("input_given_up", task_id=task_id, error=error)
             await fail_task(conn, task_id, error)
             self.retries.forget(task_id)
         return result

@@ -427,7 +427,8 @@ async def test_sigterm_releases_deregisters_and_exits_0(w: World) -> None:
             await proc.wait()
     assert proc.returncode == 0, stderr.decode()
     executor_id = str(await w.conn.fetchval("SELECT id FROM executors WHERE name = 'sub'"))
-    assert f"registered as {executor_id}".encode() in stdout and b"kinds:       sleep" in stdout
+    ready = [e for e in map(jsoncodec.loads, stderr.splitlines()) if e["event"] == "agent_ready"]
+    assert [(e["executor_id"], e["kinds"]) for e in ready] == [(executor_id, ["sleep"])] and stdout == b""
     [released] = await w.attempts(task_id)
     assert released["outcome"] == "released" and released["token"] == token
     assert await w.conn.fetchval("SELECT state FROM subtasks WHERE task_id = $1", task_id) == "pending"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 from aiohttp import web
@@ -42,6 +43,24 @@ async def test_register_retries_5xx_then_succeeds() -> None:
         registration = await client.register({"name": "anna-mbp"})
     assert registration.executor_id == "e-1" and registration.long_poll_s == 30
     assert calls == ["Bearer tok"] * 4
+
+
+async def test_503_with_retry_after_is_retried_no_sooner_than_the_server_asked() -> None:
+    arrivals: list[float] = []
+
+    async def register(request: web.Request) -> web.Response:
+        arrivals.append(time.monotonic())
+        if len(arrivals) == 1:
+            return web.json_response({"error": {"code": "database_unavailable", "message": "retry shortly"}},
+                                     status=503, headers={"Retry-After": "1"})
+        return web.json_response(REGISTRATION, status=201)
+
+    app = web.Application()
+    app.router.add_post("/api/v1/executors/register", register)
+    async with serving(app) as url, ExecutorClient(url, "tok", backoff=FAST) as client:
+        await client.register({"name": "x"})
+    # FAST backs off 10-50 ms; the server asked for 1 s, and it is the server that is believed.
+    assert len(arrivals) == 2 and arrivals[1] - arrivals[0] >= 0.95
 
 
 async def test_connection_refused_is_retried_until_the_server_comes_up() -> None:

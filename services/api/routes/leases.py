@@ -11,6 +11,7 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.redaction import redact
 from minions.services.api.appkeys import POOL, STORE
 from minions.services.api.auth import require
 from minions.services.api.bodies import json_object, without_nul
@@ -85,7 +86,7 @@ async def complete(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/leases/{token}/fail")
 async def fail(request: web.Request) -> web.Response:
-    token, _ = await _lease(request)
+    token, output_key = await _lease(request)
     body = await json_object(request)
     error = body.get("error")
     retryable = body.get("retryable", True)
@@ -93,8 +94,13 @@ async def fail(request: web.Request) -> web.Response:
         raise invalid({"error": "required: what went wrong"})
     if not isinstance(retryable, bool):
         raise invalid({"retryable": "must be true or false"})
-    _verdict(await request.app[POOL].fetchval(Q.fail, token, without_nul(error[:4000]), retryable))
-    log.info("lease_failed", token=str(token), error=error[:200], retryable=retryable)
+    # The text is the executor's, shown to the task's team in /subtasks and results: secrets in it
+    # (this lease's token, a signed URL) are redacted before it is stored, logged or shown.
+    error = redact(error[:4000], known=(str(token), request.match_info["token"]))
+    _verdict(await request.app[POOL].fetchval(Q.fail, token, without_nul(error), retryable))
+    # Named by task and subtask (outputs/<task>/<subtask>/<attempt>-<token>.jsonl), never by token.
+    subtask = "/".join((output_key or "").split("/")[1:3])
+    log.info("lease_failed", subtask=subtask, error=error[:200], retryable=retryable)
     return _ok()
 
 

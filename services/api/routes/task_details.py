@@ -8,6 +8,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
+from minions.redaction import redact, redact_value
 from minions.services.api.appkeys import POOL
 from minions.services.api.auth import require
 from minions.services.api.bodies import query_int
@@ -34,8 +35,10 @@ def _subtask(row: Any) -> dict[str, Any]:
         "executor": row["executor"],
         "leased_at": _iso(row["leased_at"]),
         "done_at": _iso(row["done_at"]),
-        "last_error": row["last_error"],
-        "history": row["history"],
+        # Failure text comes from executors: shown with its secrets redacted (stored rows may predate
+        # redaction at fail).
+        "last_error": redact(row["last_error"]) if row["last_error"] is not None else None,
+        "history": redact_value(row["history"]),
     }
 
 

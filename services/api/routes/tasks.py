@@ -15,6 +15,7 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
+from minions.redaction import redact
 from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
@@ -184,7 +185,7 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
             elif sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
                 reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
                 async for line in _error_lines(store, task, sub["byte_start"], sub["byte_end"],
-                                               reason or "failed"):
+                                               redact(reason or "failed")):
                     yield line
     if task["status"] == "cancelled":
         # Cancelled mid-split: the input past the split never became subtasks; its records still

@@ -1,0 +1,111 @@
+"""`SyncMinionsClient`: the SDK for scripts and notebooks, without `async`.
+
+It runs an async `MinionsClient` on an event loop of its own, in a background thread. That is
+what makes it work in Jupyter too, whose own loop already runs in the main thread (where
+`asyncio.run` would refuse). Ctrl-C while waiting cancels the call on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, TypeVar
+
+from minions.sdk.client import MinionsClient, TaskRef, connection_settings, task_parts
+from minions.sdk.inputs import InputSource
+from minions.sdk.objects import Result, Task
+
+T = TypeVar("T")
+RESULTS_PER_HOP = 1000  # results handed from the loop's thread to the caller's at a time
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="minions-sdk", daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C in the caller's thread: stop the work on the loop too
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncMinionsClient:
+    """The same calls as `MinionsClient`'s typed layer, blocking: `submit`, `get_task`, `wait`,
+    `iter_results`, `cancel`, `executors`. Use as `with SyncMinionsClient.from_env() as minions:`."""
+
+    def __init__(self, api_url: str, token: str, **kwargs: Any) -> None:
+        self._loop = _LoopThread()
+        self._client = MinionsClient(api_url, token, **kwargs)
+
+    @classmethod
+    def from_env(cls, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> SyncMinionsClient:
+        """MINIONS_API_URL / MINIONS_TOKEN, else the up.json of a local `minions up`."""
+        api_url, token = connection_settings(data_dir)
+        return cls(api_url, token, **kwargs)
+
+    def __enter__(self) -> SyncMinionsClient:
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._loop.run(self._client.close())
+        self._loop.stop()
+
+    def submit(self, records: InputSource, *, team: str, project: str, name: str, kind: str,
+               model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
+               subtask_size: int | None = None) -> Task:
+        """Upload `records` (a path, JSONL bytes or an iterable of dicts) and submit a task on them."""
+        return self._loop.run(self._client.submit(records, team=team, project=project, name=name, kind=kind,
+                                                  model=model, params=params, priority=priority,
+                                                  subtask_size=subtask_size))
+
+    def get_task(self, ref: TaskRef) -> Task:
+        return self._loop.run(self._client.get_task(ref))
+
+    def wait(self, ref: TaskRef, *, progress: bool = False, interval_s: float = 0.5,
+             timeout_s: float | None = None) -> Task:
+        """The task once it has ended; with `progress`, a progress bar on stderr meanwhile."""
+        return self._loop.run(self._client.wait(ref, progress=progress, interval_s=interval_s,
+                                                timeout_s=timeout_s))
+
+    def iter_results(self, ref: TaskRef, *, partial: bool = False) -> Iterator[Result]:
+        """One typed result per input record, in input order, streamed."""
+        results = self._client.iter_results(ref, partial=partial)
+        try:
+            while batch := self._loop.run(_next_batch(results)):
+                yield from batch
+        finally:
+            self._loop.run(results.aclose())
+
+    def cancel(self, ref: TaskRef) -> Task:
+        async def cancel() -> Task:
+            return Task.from_json(await self._client.cancel(*task_parts(ref)))
+        return self._loop.run(cancel())
+
+    def executors(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.executors(team))
+
+
+async def _next_batch(results: AsyncIterator[Result]) -> list[Result]:
+    batch: list[Result] = []
+    async for result in results:
+        batch.append(result)
+        if len(batch) >= RESULTS_PER_HOP:
+            break
+    return batch
