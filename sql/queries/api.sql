@@ -4,7 +4,23 @@
 SELECT 1;
 
 -- name: token_by_hash
-SELECT id, role, team::text AS team FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+-- expires_in_s: how long the API may cache the answer at most (NULL: the token never expires).
+SELECT id, role, team::text AS team, extract(epoch FROM expires_at - now())::double precision AS expires_in_s
+FROM api_tokens
+WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+
+-- name: list_tokens
+-- $1 status filter (NULL: all). Never the hash: a listing shows the prefix and id only.
+SELECT * FROM minion_tokens WHERE $1::text IS NULL OR status = $1 ORDER BY id;
+
+-- name: token_by_id
+SELECT * FROM minion_tokens WHERE id = $1;
+
+-- name: create_token
+SELECT minion_create_token($1, $2, $3, $4, $5, $6);
+
+-- name: revoke_token
+SELECT minion_revoke_token($1);
 
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
