@@ -405,7 +405,10 @@ def _response_schemas() -> dict[str, Schema]:
             "name": {"type": "string"},
             "team": _nullable({"type": "string"}),
             "status": {"type": "string", "enum": EXECUTOR_STATUSES},
-            "hardware": {"type": "object"},
+            "hardware": {"type": "object", "description": "Empty when `details_hidden`."},
+            "details_hidden": {"type": "boolean",
+                               "description": "A shared executor seen with a team's token: its hardware and "
+                                              "other teams' preferences and work are not shown."},
             "kinds": {"type": "array", "items": {"type": "string"}},
             "models": {"type": "array", "items": {"type": "string"}},
             "preferences": {"type": "array", "items": {"type": "object"}},

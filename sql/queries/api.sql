@@ -98,13 +98,17 @@ SELECT minion_deregister($1);
 
 -- name: list_executors
 -- $1 team filter (NULL: all), $2 lease timeout (for the derived status), $3 the viewer's team scope
--- (NULL: sees all; else it sees a shared executor's work for its own team only)
-SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.registered_at,
+-- (NULL: sees all). A scoped viewer sees of an executor outside its team (a shared one) neither its
+-- hardware nor other teams' preferences and work: its own team's only (issue 8, item 8).
+SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
+       CASE WHEN $3::text IS NULL OR e.team = $3 THEN e.hardware ELSE '{}'::jsonb END AS hardware,
+       ($3::text IS NOT NULL AND e.team IS DISTINCT FROM $3) AS details_hidden,
        h.alive_at AS last_heartbeat_at,
        minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, $2) AS status,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', p.team, 'project', p.project,
                                                      'task_name', p.task_name) ORDER BY p.position)
-                   FROM executor_preferences p WHERE p.executor_id = e.id), '[]') AS preferences,
+                   FROM executor_preferences p WHERE p.executor_id = e.id
+                    AND ($3::text IS NULL OR p.team = $3)), '[]') AS preferences,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', s.team, 'project', s.project,
                                                      'task_name', s.task_name, 'subtask_id', s.subtask_id,
                                                      'attempt', s.attempts, 'leased_at', s.leased_at)
