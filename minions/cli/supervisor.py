@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from minions.logging import get_logger
+from minions.private_files import DIR_MODE, make_private_dir, open_private, tighten
 
 log = get_logger(__name__)
 
@@ -46,7 +47,9 @@ class Supervisor:
         self._watchers: list[asyncio.Task[None]] = []
 
     async def start(self, name: str, module: str, args: list[str], env: dict[str, str]) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Logs name tasks, teams and errors: owner-only, like the data dir around them.
+        make_private_dir(self.log_dir)
+        tighten(self.log_dir, DIR_MODE)
         child = Child(name, [sys.executable, "-m", module, *args], {**os.environ, **env},
                       self.log_dir / f"{name}.log")
         self.children[name] = child
@@ -56,7 +59,7 @@ class Supervisor:
 
     async def _spawn(self, child: Child) -> None:
         child.started_at = time.monotonic()
-        child.log_file = child.log_path.open("ab")
+        child.log_file = os.fdopen(open_private(child.log_path, os.O_WRONLY | os.O_APPEND), "ab")
         child.process = await asyncio.create_subprocess_exec(
             *child.argv, env=child.env, stdout=child.log_file, stderr=child.log_file,
             stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
