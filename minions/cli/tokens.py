@@ -68,6 +68,7 @@ def _when(value: Any) -> str:
 
 
 def token_list(args: argparse.Namespace) -> int:
+    # admin.py registers these commands (it imports this module), so its helper is imported late.
     from minions.cli.admin import database_url
 
     rows = asyncio.run(list_tokens(database_url(args), args.status))
@@ -88,7 +89,7 @@ def token_list(args: argparse.Namespace) -> int:
 
 
 def token_revoke(args: argparse.Namespace) -> int:
-    from minions.cli.admin import database_url
+    from minions.cli.admin import database_url  # late, as above
 
     revoked = asyncio.run(revoke_tokens(database_url(args), args.ids))
     missing = [token_id for token_id, at in revoked.items() if at is None]
