@@ -16,6 +16,7 @@ from string import Template
 from xml.sax.saxutils import escape
 
 from minions.agents.macos.config import DEFAULT_CONFIG_PATH, AgentConfig, to_toml
+from minions.private_files import DIR_MODE, make_private_dir, tighten
 
 LABEL = "com.minions.agent"
 PROCESS_TYPES = ("Adaptive", "Standard")
@@ -116,7 +117,10 @@ def install(config: AgentConfig, *, dry_run: bool = False, process_type: str = "
         os.chmod(path, mode)
         print(f"wrote {path}")
     if steps.activate:
-        (Path.home() / "Library" / "Logs" / "minions").mkdir(parents=True, exist_ok=True)
+        # launchd creates the log files in here with the plist's Umask (owner-only); the folder too.
+        log_dir = Path.home() / "Library" / "Logs" / "minions"
+        make_private_dir(log_dir)
+        tighten(log_dir, DIR_MODE)
         # Unload first so that a re-install picks up the new file; it fails harmlessly the first time.
         subprocess.run(["launchctl", "unload", steps.activate[-1]], capture_output=True, check=False)
         result = subprocess.run(list(steps.activate), check=False)

@@ -1,4 +1,4 @@
-"""Operator commands: db migrate, token create, psql."""
+"""Operator commands: db migrate, token create / list / revoke, psql."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 from minions import config
-from minions.cli import connection
+from minions.cli import connection, tokens
 from minions.db.connect import connect
 from minions.db.migrate import migrate
 from minions.db.queries import Queries
 from minions.embedded_pg import bin_path
 from minions.names import is_name
-from minions.tokens import ROLES, hash_token, new_token
+from minions.tokens import ROLES, hash_token, new_token, token_prefix
 
 Q = Queries("cli")
 
@@ -36,13 +36,21 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--role", required=True, choices=ROLES)
     p.add_argument("--team", default=None, help="scope the token to one team")
     p.add_argument("--label", default="", help="a note saying who or what holds it")
+    p.add_argument("--expires-in", type=tokens.duration_s, default=None, metavar="DURATION",
+                   help="the token stops working after this long: 3600, 90m, 12h, 30d, 2w (default: never)")
     p.set_defaults(handler=token_create)
+    tokens.add_parsers(token_sub, _database_flags)
 
     p = sub.add_parser("psql", help="open psql on the database (of `minions up`, or MINIONS_DATABASE_URL)")
     config.add_arguments(p, ("database_url",))
     p.add_argument("--data-dir", default=None)
     p.add_argument("psql_args", nargs=argparse.REMAINDER, help="arguments passed to psql")
     p.set_defaults(handler=psql)
+
+
+def _database_flags(p: argparse.ArgumentParser) -> None:
+    config.add_arguments(p, ("database_url",))
+    p.add_argument("--data-dir", default=None)
 
 
 def database_url(args: argparse.Namespace) -> str:
@@ -61,11 +69,12 @@ def db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def create_token(url: str, role: str, team: str | None, label: str, token: str | None = None) -> str:
+async def create_token(url: str, role: str, team: str | None, label: str, token: str | None = None,
+                       expires_in_s: float | None = None) -> str:
     token = token or new_token()
     conn = await connect(url)
     try:
-        await conn.execute(Q.insert_token, hash_token(token), role, team, label)
+        await conn.execute(Q.insert_token, hash_token(token), token_prefix(token), role, team, label, expires_in_s)
     finally:
         await conn.close()
     return token
@@ -74,7 +83,8 @@ async def create_token(url: str, role: str, team: str | None, label: str, token:
 def token_create(args: argparse.Namespace) -> int:
     if args.team is not None and not is_name(args.team):
         raise SystemExit(f"minions: {args.team!r} is not a valid team name")
-    print(asyncio.run(create_token(database_url(args), args.role, args.team, args.label)))
+    print(asyncio.run(create_token(database_url(args), args.role, args.team, args.label,
+                                   expires_in_s=args.expires_in)))
     return 0
 
 

@@ -1,5 +1,8 @@
 """Runs the services and local agents of `minions up` as child processes: each logs to its own file,
-a child that dies is restarted with backoff, and stop() ends them all (SIGTERM, then SIGKILL)."""
+a child that dies is restarted with backoff, and stop() ends them all (SIGTERM, then SIGKILL).
+
+The backoff is for crash loops only: a child that ran for `healthy_s` before it died is restarted at
+once, and its next quick crash waits the first delay again, not the longest one it ever reached."""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from minions.logging import get_logger
+from minions.private_files import DIR_MODE, make_private_dir, open_private, tighten
 
 log = get_logger(__name__)
 
@@ -25,19 +30,26 @@ class Child:
     log_path: Path
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
+    started_at: float = 0.0  # time.monotonic() of the latest spawn
     stopping: bool = False
     log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, first_restart_s: float = 1.0, max_restart_s: float = 30.0,
+                 healthy_s: float = 60.0) -> None:
         self.log_dir = log_dir
+        self.first_restart_s = first_restart_s
+        self.max_restart_s = max_restart_s
+        self.healthy_s = healthy_s
         self.children: dict[str, Child] = {}
         self._stopping = False
         self._watchers: list[asyncio.Task[None]] = []
 
     async def start(self, name: str, module: str, args: list[str], env: dict[str, str]) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Logs name tasks, teams and errors: owner-only, like the data dir around them.
+        make_private_dir(self.log_dir)
+        tighten(self.log_dir, DIR_MODE)
         child = Child(name, [sys.executable, "-m", module, *args], {**os.environ, **env},
                       self.log_dir / f"{name}.log")
         self.children[name] = child
@@ -46,26 +58,33 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
-        child.log_file = child.log_path.open("ab")
+        child.started_at = time.monotonic()
+        child.log_file = os.fdopen(open_private(child.log_path, os.O_WRONLY | os.O_APPEND), "ab")
         child.process = await asyncio.create_subprocess_exec(
             *child.argv, env=child.env, stdout=child.log_file, stderr=child.log_file,
             stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
         )
 
     async def _watch(self, child: Child) -> None:
-        delay = 1.0
+        delay = self.first_restart_s  # the wait before the next restart of a crash loop
         while True:
             assert child.process is not None
             code = await child.process.wait()
+            ran_s = time.monotonic() - child.started_at
             if child.log_file:
                 child.log_file.close()
             if self._stopping or child.stopping:
                 return
             child.restarts += 1
-            # One event, once (it was also printed, so every exit showed twice).
-            log.warning("child_exited", child=child.name, code=code, restart_in_s=delay, log=str(child.log_path))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            if ran_s >= self.healthy_s:
+                # It ran well for a while: a crash now is news, not a loop. Restart at once, and
+                # start the backoff over for the crashes that may follow.
+                wait, delay = 0.0, self.first_restart_s
+            else:
+                wait, delay = delay, min(delay * 2, self.max_restart_s)
+            log.warning("child_exited", child=child.name, code=code, ran_s=round(ran_s, 1), restart_in_s=wait,
+                        log=str(child.log_path))
+            await asyncio.sleep(wait)
             if self._stopping or child.stopping:  # stopped while we waited to restart it
                 return
             await self._spawn(child)

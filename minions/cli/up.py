@@ -18,6 +18,7 @@ from minions.cli.supervisor import Supervisor
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.logging import configure
+from minions.private_files import DIR_MODE, make_private_dir, tighten
 from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
@@ -40,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    # Everything `up` and its children create (store objects, logs, results of --sample) is for this
+    # user alone: they hold every team's data. Explicit modes where we create files say it again.
+    os.umask(0o077)
     configure("up", for_terminal=True)
     settings = config.from_args(args)
     if args.sample and args.executors < 1:
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
     data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before anything runs)
+    make_private_dir(data_dir)  # once, before anything runs
+    tighten(data_dir, DIR_MODE)
     pg: EmbeddedPostgres | None = None
     database_url = settings.database_url
     if not database_url:

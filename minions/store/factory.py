@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from minions.private_files import DIR_MODE, make_private_dir, tighten
 from minions.store.base import ObjectStore
 from minions.store.local import LocalStore
 from minions.store.s3 import S3Store
@@ -30,8 +31,11 @@ def open_store(store_uri: str, *, signing_key: str, base_url: str, s3_endpoint_u
     else:
         root = Path(store_uri).expanduser()
     # One mkdir at start-up, before any event loop work depends on the store: not worth a thread.
+    # Owner-only: it holds every team's inputs and results. A root of ours that an older version
+    # left open to others is closed, which also closes everything under it.
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_private_dir(root)
+        tighten(root, DIR_MODE)
     except OSError as e:
         raise ValueError(f"cannot create the object store folder {root}: {e}") from e
     return LocalStore(root, signing_key, base_url)

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
+from minions.private_files import make_private_dir, open_private
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError, validate_key
 
@@ -204,11 +205,13 @@ class _AtomicFile:
     @classmethod
     def open(cls, path: Path) -> _AtomicFile:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # Owner-only (0700 folders, 0600 files: every team's data is in here), from creation on;
+            # os.replace keeps the temp file's mode for the object.
+            make_private_dir(path.parent)
             # A dot-name with a random suffix: concurrent writers of one key never share a temp
-            # file, and `x` mode refuses to reuse one that somehow exists.
+            # file, and O_EXCL refuses to reuse one that somehow exists.
             tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-            fh = open(tmp, "xb")  # closed by commit or discard
+            fh = os.fdopen(open_private(tmp, os.O_WRONLY | os.O_EXCL), "wb")  # closed by commit or discard
         except OSError as e:
             raise StoreError(f"cannot write {path}: {e}") from e
         return cls(path, tmp, fh)

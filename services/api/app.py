@@ -14,11 +14,11 @@ from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
-from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.appkeys import POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
-from minions.services.api.routes import executors, health, leases, task_details, tasks
+from minions.services.api.routes import executors, health, leases, task_details, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -35,6 +35,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_middleware, auth_middleware])
     app[SETTINGS] = settings
+    app[TOKENS] = TokenCache()
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
@@ -43,6 +44,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
     app.router.add_routes(task_details.routes)
+    app.router.add_routes(tokens.routes)
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app)
@@ -82,14 +84,12 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
-    waiters = ClaimWaiters(app[SETTINGS].database_url)
+    # The token cache listens on the same connection, for revocations.
+    waiters = ClaimWaiters(app[SETTINGS].database_url, listeners=[app[TOKENS]])
     await waiters.start()
     app[WAITERS] = waiters
     yield
     await waiters.stop()
-
-
-_TOKENS = TokenCache()
 
 
 @web.middleware
@@ -97,7 +97,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     # The web UI's page and assets are public (its scripts send the token); "/" exactly, since every
     # path starts with it.
     if not (request.path == "/" or request.path.startswith(PUBLIC_PATHS)):
-        request[PRINCIPAL] = await authenticate(request, _TOKENS, request.app[POOL])
+        request[PRINCIPAL] = await authenticate(request, request.app[TOKENS], request.app[POOL])
     return await handler(request)
 
 

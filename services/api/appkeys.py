@@ -6,6 +6,7 @@ import asyncpg
 from aiohttp import web
 
 from minions.config import Settings
+from minions.services.api.auth import TokenCache
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.store.base import ObjectStore
 
@@ -13,3 +14,4 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 STORE = web.AppKey("store", ObjectStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
+TOKENS = web.AppKey("tokens", TokenCache)

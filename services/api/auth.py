@@ -33,20 +33,62 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 
 
 class TokenCache:
+    """Principals by token digest, each for CACHE_SECONDS at most and never past its token's expiry.
+
+    Every API process LISTENs on `tokens` (through the claim waiters' one LISTEN connection), where
+    the database announces each revoked or changed token (sql/090_token_lifecycle.sql): its entry
+    is dropped at once, so a revocation bites on every process within the notification's delivery,
+    not after the cache's lifetime. While that connection is down nothing is cached, and on each
+    (re)connect the cache starts empty: a notification missed meanwhile cannot keep a revoked token
+    alive."""
+
+    channel = "tokens"
+
     def __init__(self) -> None:
         self._entries: dict[bytes, tuple[float, Principal | None]] = {}
+        self._digests: dict[int, bytes] = {}  # token id -> digest, to drop an entry by its id
+        # Bumped by every invalidation: a lookup whose query raced one does not cache its answer.
+        self._generation = 0
+        self.listening = False
+
+    def notified(self, payload: str) -> None:
+        self._generation += 1
+        try:
+            token_id = int(payload)
+        except ValueError:  # not ours to read: forget everything rather than guess
+            self._clear()
+            return
+        digest = self._digests.pop(token_id, None)
+        if digest is not None:
+            self._entries.pop(digest, None)
+
+    def listening_changed(self, listening: bool) -> None:
+        self._generation += 1
+        self._clear()
+        self.listening = listening
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._digests.clear()
 
     async def lookup(self, pool: asyncpg.Pool, token: str) -> Principal | None:
         digest = hash_token(token)
         now = time.monotonic()
-        hit = self._entries.get(digest)
+        hit = self._entries.get(digest) if self.listening else None
         if hit is not None and hit[0] > now:
             return hit[1]
+        generation = self._generation
         row = await pool.fetchrow(Q.token_by_hash, digest)
         principal = Principal(row["id"], row["role"], row["team"]) if row else None
-        if len(self._entries) > 10_000:
-            self._entries.clear()
-        self._entries[digest] = (now + CACHE_SECONDS, principal)
+        if self.listening and generation == self._generation:
+            lifetime = CACHE_SECONDS
+            if row is not None and row["expires_in_s"] is not None:
+                lifetime = min(lifetime, row["expires_in_s"])
+            if len(self._entries) > 10_000:
+                self._clear()
+            self._entries[digest] = (now + lifetime, principal)
+            if principal is not None:
+                self._digests[principal.token_id] = digest
         return principal
 
 

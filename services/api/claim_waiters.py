@@ -4,14 +4,17 @@ One LISTEN connection per API process, however many executors wait: an idle syst
 queries. A waiter registers *before* it runs its claim query, so a notification that lands during
 the query is not missed. When the LISTEN connection drops, every waiter is woken (it re-queries, so
 nothing notified meanwhile is missed) and the connection is re-established with backoff.
+
+Other channels of the API ride on the same connection (`ChannelListener`): the token cache hears of
+revoked tokens on `tokens`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -21,6 +24,18 @@ from minions.logging import get_logger
 
 log = get_logger(__name__)
 CHANNEL = "subtasks"
+
+
+class ChannelListener(Protocol):
+    """Something else in the API process that LISTENs on `channel` through this connection."""
+
+    channel: str
+
+    def notified(self, payload: str) -> None: ...
+
+    def listening_changed(self, listening: bool) -> None:
+        """True once LISTEN is in place; False when the connection is lost (notifications may be
+        missed until the next True)."""
 
 
 class Waiter:
@@ -44,9 +59,14 @@ def _setter(event: asyncio.Event) -> Any:
     return lambda _conn: event.set()
 
 
+def _forward(listener: ChannelListener) -> Any:
+    return lambda _conn, _pid, _channel, payload: listener.notified(payload)
+
+
 class ClaimWaiters:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, listeners: Sequence[ChannelListener] = ()) -> None:
         self._url = database_url
+        self._listeners = tuple(listeners)
         self._waiters: set[Waiter] = set()
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -67,6 +87,7 @@ class ClaimWaiters:
                 await self._task
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
+        self._listening_changed(False)
         self._wake_all()
 
     @contextlib.contextmanager
@@ -87,6 +108,10 @@ class ClaimWaiters:
             if payload in waiter.capabilities:
                 waiter.event.set()
 
+    def _listening_changed(self, listening: bool) -> None:
+        for listener in self._listeners:
+            listener.listening_changed(listening)
+
     def _wake_all(self) -> None:
         for waiter in self._waiters:
             waiter.event.set()
@@ -99,8 +124,11 @@ class ClaimWaiters:
                 conn = await connect(self._url)
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(CHANNEL, self._on_notify)
+                for listener in self._listeners:
+                    await conn.add_listener(listener.channel, _forward(listener))
                 self._conn = conn
                 self.connected.set()
+                self._listening_changed(True)
                 self._wake_all()  # anything notified while we were away: let waiters look again
                 log.info("listening", channel=CHANNEL)
                 backoff.reset()
@@ -110,6 +138,7 @@ class ClaimWaiters:
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 log.warning("listen_connection_failed", error=str(exc))
             self.connected.clear()
+            self._listening_changed(False)
             self._wake_all()
             await backoff.sleep()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from minions.records import KINDS, MAX_ID_LENGTH, MAX_SLEEP_MS, ROLES
 from minions.services.api.validation import MAX_SUBTASK_SIZE
+from minions.tokens import ROLES as TOKEN_ROLES
 
 Schema = dict[str, Any]
 
@@ -266,6 +267,20 @@ def _request_schemas() -> dict[str, Schema]:
                                           "description": "Work to take first, in order."}),
             },
         },
+        "TokenRequest": {
+            "type": "object",
+            "required": ["role"],
+            "additionalProperties": False,
+            "properties": {
+                "role": {"type": "string", "enum": list(TOKEN_ROLES)},
+                "team": _nullable(_name("Scope the token to this team (null or absent: every team).")),
+                "label": {"type": "string", "maxLength": 200, "pattern": NO_NUL,
+                          "description": "A note saying who or what holds it."},
+                "expires_in_s": _nullable({"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                           "maximum": 10 * 365 * 86400,
+                                           "description": "Seconds until it stops working (absent: never)."}),
+            },
+        },
         "Heartbeat": {
             "type": "object",
             "properties": {"leases": {"type": "array", "maxItems": 1000, "items": {"type": "string"},
@@ -307,6 +322,25 @@ def _count() -> Schema:
 def _timestamp(nullable: bool = False) -> Schema:
     schema: Schema = {"type": "string", "format": "date-time"}
     return _nullable(schema) if nullable else schema
+
+
+def _token_schema(secret: bool = False) -> Schema:
+    """A token as listed: never its secret, which only the answer to its creation carries."""
+    properties: Schema = {
+        "id": {"type": "integer", "minimum": 1, "description": "What `revoke` takes."},
+        "prefix": _nullable({"type": "string", "description": "The secret's first characters, to recognise it."}),
+        "role": {"type": "string", "enum": list(TOKEN_ROLES)},
+        "team": _nullable({"type": "string", "description": "null: every team."}),
+        "label": {"type": "string"},
+        "status": {"type": "string", "enum": ["active", "expired", "revoked"]},
+        "created_at": _timestamp(),
+        "expires_at": _timestamp(nullable=True),
+        "revoked_at": _timestamp(nullable=True),
+    }
+    if secret:
+        properties = {"token": {"type": "string", "description": "The secret: shown this once, stored hashed."},
+                      **properties}
+    return _object(properties)
 
 
 def _response_schemas() -> dict[str, Schema]:
@@ -371,7 +405,10 @@ def _response_schemas() -> dict[str, Schema]:
             "name": {"type": "string"},
             "team": _nullable({"type": "string"}),
             "status": {"type": "string", "enum": EXECUTOR_STATUSES},
-            "hardware": {"type": "object"},
+            "hardware": {"type": "object", "description": "Empty when `details_hidden`."},
+            "details_hidden": {"type": "boolean",
+                               "description": "A shared executor seen with a team's token: its hardware and "
+                                              "other teams' preferences and work are not shown."},
             "kinds": {"type": "array", "items": {"type": "string"}},
             "models": {"type": "array", "items": {"type": "string"}},
             "preferences": {"type": "array", "items": {"type": "object"}},
@@ -380,6 +417,9 @@ def _response_schemas() -> dict[str, Schema]:
             "last_heartbeat_at": _timestamp(nullable=True),
         }),
         "ExecutorList": _object({"executors": {"type": "array", "items": _ref("Executor")}}),
+        "Token": _token_schema(),
+        "CreatedToken": _token_schema(secret=True),
+        "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
         "Registered": _object({
             "executor_id": {"type": "string", "format": "uuid"},
             "heartbeat_interval_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
@@ -649,6 +689,44 @@ def _paths() -> dict[str, Schema]:
                 ),
             },
         },
+        # Last: a fuzzed revoke of a seeded token then cannot starve the operations above.
+        "/api/v1/tokens": {
+            "get": {
+                "operationId": "listTokens",
+                "tags": ["tokens"],
+                "summary": "List tokens (never their secrets)",
+                "parameters": [_query_param("status", {"type": "string", "enum": ["active", "expired", "revoked"]},
+                                            "Only tokens in this state.")],
+                "responses": _responses(_ok(_ref("TokenList"), "The tokens, oldest first."), _AUTHED,
+                                        e403="Not an admin token (`wrong_role`).",
+                                        e422="Not a known status."),
+            },
+            "post": {
+                "operationId": "createToken",
+                "tags": ["tokens"],
+                "summary": "Create a token, optionally expiring",
+                "requestBody": _json_body(_ref("TokenRequest"), "Its role, team scope, label and lifetime."),
+                "responses": _responses(_ok(_ref("CreatedToken"), "Created; the secret is shown this once.", "201"),
+                                        _AUTHED, _BODY, e403="Not an admin token (`wrong_role`).",
+                                        e422="Invalid values, each named in `fields`."),
+            },
+        },
+        "/api/v1/tokens/{token_id}/revoke": {
+            "parameters": [_path_param("token_id", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                                       "The token's id (`GET /api/v1/tokens`).")],
+            "post": {
+                "operationId": "revokeToken",
+                "tags": ["tokens"],
+                "summary": "Revoke a token: every API process refuses it within a second",
+                "responses": _responses(
+                    _ok(_ref("Token"), "Revoked (revoking a revoked token changes nothing)."), _AUTHED,
+                    e403="Not an admin token (`wrong_role`).",
+                    e404="No such token.",
+                    e409="The token of this very request (`own_token`): revoke it with another admin token "
+                         "or `minions token revoke`.",
+                ),
+            },
+        },
     }
 
 
@@ -663,6 +741,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "tasks", "description": "Submitting tasks and reading their results (users)."},
             {"name": "executors", "description": "What the executors are doing (users)."},
             {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
+            {"name": "tokens", "description": "Token lifecycle (admins)."},
             {"name": "health", "description": "Liveness, for load balancers."},
         ],
         "security": [{"bearerAuth": []}],

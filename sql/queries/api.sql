@@ -4,7 +4,23 @@
 SELECT 1;
 
 -- name: token_by_hash
-SELECT id, role, team::text AS team FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+-- expires_in_s: how long the API may cache the answer at most (NULL: the token never expires).
+SELECT id, role, team::text AS team, extract(epoch FROM expires_at - now())::double precision AS expires_in_s
+FROM api_tokens
+WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+
+-- name: list_tokens
+-- $1 status filter (NULL: all). Never the hash: a listing shows the prefix and id only.
+SELECT * FROM minion_tokens WHERE $1::text IS NULL OR status = $1 ORDER BY id;
+
+-- name: token_by_id
+SELECT * FROM minion_tokens WHERE id = $1;
+
+-- name: create_token
+SELECT minion_create_token($1, $2, $3, $4, $5, $6);
+
+-- name: revoke_token
+SELECT minion_revoke_token($1);
 
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
@@ -82,13 +98,17 @@ SELECT minion_deregister($1);
 
 -- name: list_executors
 -- $1 team filter (NULL: all), $2 lease timeout (for the derived status), $3 the viewer's team scope
--- (NULL: sees all; else it sees a shared executor's work for its own team only)
-SELECT e.id, e.name, e.team::text AS team, e.hardware, e.kinds, e.models, e.registered_at,
+-- (NULL: sees all). A scoped viewer sees of an executor outside its team (a shared one) neither its
+-- hardware nor other teams' preferences and work: its own team's only (issue 8, item 8).
+SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
+       CASE WHEN $3::text IS NULL OR e.team = $3 THEN e.hardware ELSE '{}'::jsonb END AS hardware,
+       ($3::text IS NOT NULL AND e.team IS DISTINCT FROM $3) AS details_hidden,
        h.alive_at AS last_heartbeat_at,
        minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, $2) AS status,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', p.team, 'project', p.project,
                                                      'task_name', p.task_name) ORDER BY p.position)
-                   FROM executor_preferences p WHERE p.executor_id = e.id), '[]') AS preferences,
+                   FROM executor_preferences p WHERE p.executor_id = e.id
+                    AND ($3::text IS NULL OR p.team = $3)), '[]') AS preferences,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', s.team, 'project', s.project,
                                                      'task_name', s.task_name, 'subtask_id', s.subtask_id,
                                                      'attempt', s.attempts, 'leased_at', s.leased_at)

@@ -222,12 +222,15 @@ async def list_executors(request: web.Request) -> web.Response:
         raise invalid({"team": "not a valid name"})
     if principal.role != "admin" and principal.team is not None and team != principal.team:
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
+    # What a team sees of an executor outside it (a shared one) is narrowed in the query: no hardware,
+    # none of other teams' preferences or work. Admins (and all-team tokens) see everything.
     scope = None if principal.role == "admin" else principal.team
     rows = await request.app[POOL].fetch(Q.list_executors, team, request.app[SETTINGS].lease_timeout_s, scope)
     return json_response({"executors": [
         {
             "id": str(r["id"]), "name": r["name"], "team": r["team"], "status": r["status"],
-            "hardware": r["hardware"], "kinds": r["kinds"], "models": r["models"],
+            "hardware": r["hardware"], "details_hidden": r["details_hidden"], "kinds": r["kinds"],
+            "models": r["models"],
             "preferences": r["preferences"], "current": r["current"],
             "registered_at": r["registered_at"].isoformat(),
             "last_heartbeat_at": r["last_heartbeat_at"].isoformat() if r["last_heartbeat_at"] else None,

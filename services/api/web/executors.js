@@ -66,9 +66,12 @@ export function executorsView(ctx) {
         h("div.cell-sub.nowrap", e.team ? `team ${e.team}` : "all teams", h("span.dot-sep", "·"),
           h("span", { title: fmtTime(e.registered_at) }, `joined ${fmtAgo(e.registered_at)}`))),
       h("td", pill(e.status)),
-      h("td.cell-hw",
-        h("div.nowrap", h("span.strong", hw.chip || "Unknown chip"), hw.device ? h("span.device", hw.device) : null),
-        facts.length ? h("div.cell-sub", facts.join(" · ")) : null),
+      // A shared executor seen with a team's token: the server sends no hardware and only this team's
+      // preferences and work (other teams' are theirs to see).
+      h("td.cell-hw", e.details_hidden
+        ? h("span.muted.nowrap", { title: "A shared executor: its hardware is shown to admins only." }, "not shown")
+        : [h("div.nowrap", h("span.strong", hw.chip || "Unknown chip"), hw.device ? h("span.device", hw.device) : null),
+          facts.length ? h("div.cell-sub", facts.join(" · ")) : null]),
       h("td",
         h("div.chips", (e.kinds || []).map((k) => h("span.kind", { class: `kind-${k}` }, k))),
         models.length ? h("div.cell-sub.truncate", { title: models.join("\n") },
@@ -81,7 +84,7 @@ export function executorsView(ctx) {
       h("td", (e.preferences || []).length
         ? h("div.chips", e.preferences.map((p) => h("span.chip.chip-static",
           [p.team, p.project, p.task_name].filter(Boolean).join(" / "))))
-        : h("span.muted.nowrap", "any work (FIFO)")),
+        : h("span.muted.nowrap", e.details_hidden ? "none for your team" : "any work (FIFO)")),
       h("td", { title: fmtTime(e.last_heartbeat_at) },
         h("span", { class: heartbeatClass(e) }, fmtAgo(e.last_heartbeat_at))));
   }

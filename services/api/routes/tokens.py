@@ -1,0 +1,98 @@
+"""Token lifecycle for admins: list, create (optionally expiring), revoke. The same SQL functions
+as `minions token …` (sql/090_token_lifecycle.sql); a list never shows a secret, only its prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.names import NAME
+from minions.services.api.appkeys import POOL
+from minions.services.api.auth import require
+from minions.services.api.bodies import json_object
+from minions.services.api.errors import conflict, invalid, not_found
+from minions.services.api.responses import iso, json_response
+from minions.tokens import ROLES, hash_token, new_token, token_prefix
+
+Q = Queries("api")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+STATUSES = ("active", "expired", "revoked")
+MAX_LABEL = 200
+MAX_EXPIRES_IN_S = 10 * 365 * 86400.0  # ten years: longer is "never" (leave it out)
+MAX_TOKEN_ID = 2**63 - 1
+
+
+def token_json(row: Any) -> dict[str, Any]:
+    return {"id": row["id"], "prefix": row["prefix"], "role": row["role"], "team": row["team"],
+            "label": row["label"], "status": row["status"], "created_at": iso(row["created_at"]),
+            "expires_at": iso(row["expires_at"]), "revoked_at": iso(row["revoked_at"])}
+
+
+@routes.get("/api/v1/tokens")
+async def list_tokens(request: web.Request) -> web.Response:
+    require(request, "admin")
+    status = request.query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise invalid({"status": f"one of {', '.join(STATUSES)}"})
+    rows = await request.app[POOL].fetch(Q.list_tokens, status)
+    return json_response({"tokens": [token_json(r) for r in rows]})
+
+
+def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None]:
+    errors: dict[str, str] = {}
+    if unknown := sorted(set(body) - {"role", "team", "label", "expires_in_s"}):
+        errors.update({key: "unknown field" for key in unknown})
+    role = body.get("role")
+    if role not in ROLES:
+        errors["role"] = f"required: one of {', '.join(ROLES)}"
+    team = body.get("team")
+    if team is not None and (not isinstance(team, str) or not NAME.match(team)):
+        errors["team"] = "not a valid name"
+    label = body.get("label", "")
+    if not isinstance(label, str) or len(label) > MAX_LABEL or "\x00" in label:
+        errors["label"] = f"a string of at most {MAX_LABEL} characters, without NUL"
+    expires_in_s = body.get("expires_in_s")
+    if expires_in_s is not None and (isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int | float)
+                                     or not 0 < expires_in_s <= MAX_EXPIRES_IN_S):
+        errors["expires_in_s"] = f"seconds, above 0 and at most {MAX_EXPIRES_IN_S:.0f} (leave out: never expires)"
+    if errors:
+        raise invalid(errors)
+    return str(role), team, label, None if expires_in_s is None else float(expires_in_s)
+
+
+@routes.post("/api/v1/tokens")
+async def create_token(request: web.Request) -> web.Response:
+    principal = require(request, "admin")
+    role, team, label, expires_in_s = _creation(await json_object(request))
+    token = new_token()
+    pool = request.app[POOL]
+    token_id = await pool.fetchval(Q.create_token, hash_token(token), token_prefix(token), role, team, label,
+                                   expires_in_s)
+    row = await pool.fetchrow(Q.token_by_id, token_id)
+    log.info("token_created", token_id=token_id, role=role, team=team, by_token_id=principal.token_id)
+    # The only time the secret is ever shown: it is stored hashed.
+    return json_response({"token": token, **token_json(row)}, 201)
+
+
+@routes.post("/api/v1/tokens/{token_id}/revoke")
+async def revoke_token(request: web.Request) -> web.Response:
+    principal = require(request, "admin")
+    raw = request.match_info["token_id"]
+    if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_TOKEN_ID:
+        raise not_found(f"token {raw}")
+    token_id = int(raw)
+    if token_id == principal.token_id:
+        # An admin who revokes the token in hand locks itself out: do it with another admin token, or
+        # with `minions token revoke` on the database.
+        raise conflict("own_token", "this is the token of this request; revoke it with another admin token "
+                                    "or `minions token revoke`")
+    pool = request.app[POOL]
+    revoked_at = await pool.fetchval(Q.revoke_token, token_id)
+    if revoked_at is None:
+        raise not_found(f"token {token_id}")
+    log.info("token_revoked", token_id=token_id, by_token_id=principal.token_id)
+    return json_response(token_json(await pool.fetchrow(Q.token_by_id, token_id)))
