@@ -82,7 +82,7 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
-    waiters = ClaimWaiters(app[SETTINGS].database_url)
+    waiters = ClaimWaiters(app[SETTINGS].database_url, probe_interval_s=app[SETTINGS].listen_probe_s)
     await waiters.start()
     app[WAITERS] = waiters
     yield
