@@ -17,11 +17,11 @@ import yarl
 from minions.db.connect import connect
 from minions.db.listen import Listener, application_name
 from minions.sdk import MinionsClient
-from tests.chaos.cluster import log_events
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
-from tests.support.sleep_executor import SleepExecutor
-from tests.support.waiting import eventually
+from minions.testing.cluster import log_events
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
+from minions.testing.waiting import eventually
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import Cluster, pick, sleep_records
-from tests.chaos.executors import POISON_ERROR, DrillExecutor
+from minions.testing.audit import audit
+from minions.testing.cluster import Cluster, pick, sleep_records
+from minions.testing.drill_executors import POISON_ERROR, DrillExecutor
 
 
 async def test_poison_subtask_fails_after_max_attempts_and_the_rest_completes(cluster: Cluster) -> None:

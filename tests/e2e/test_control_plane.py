@@ -8,9 +8,9 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
 
 
 async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...],

@@ -12,11 +12,11 @@ import pytest
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
 from tests.e2e.test_control_plane import _results, _wait_status
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
 from tests.support.s3 import FAKE_ENV, moto_server
-from tests.support.sleep_executor import SleepExecutor
 
 BUCKET = "minions-e2e"
 

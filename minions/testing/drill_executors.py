@@ -1,5 +1,5 @@
 """Misbehaving executors for the drills: small in-process clients of the executor protocol that
-extend the test SleepExecutor (tests/support) with the faults real agents cannot be told to have.
+extend the test SleepExecutor (minions/testing/sleep_executor.py) with the faults real agents cannot be told to have.
 
 - `hang_until`: claims, stops heartbeating while keeping its connection, and when the event is set
   tries to finish anyway (PUT its output, then complete): its late answers are recorded.
@@ -21,7 +21,7 @@ import aiohttp
 import yarl
 
 from minions import jsoncodec
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.sleep_executor import SleepExecutor
 
 POISON_ERROR = "poison record {id}: this record fails every time"
 
