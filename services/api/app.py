@@ -18,7 +18,7 @@ from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
-from minions.services.api.routes import executors, health, leases, task_details, tasks
+from minions.services.api.routes import executors, health, leases, subtasks, tasks
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -42,7 +42,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
-    app.router.add_routes(task_details.routes)
+    app.router.add_routes(subtasks.routes)
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app)
