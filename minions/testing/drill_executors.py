@@ -92,16 +92,6 @@ class DrillExecutor(SleepExecutor):
         await self._put(session, sub, records)
         await self.complete(session, token, sub, len(records), started)
 
-    async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]]:
-        start, end = sub["input"]["range"]
-        async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
-                               headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
-            assert resp.status in (200, 206)
-            lines = [line for line in (await resp.read()).splitlines() if line.strip()]
-        records = [jsoncodec.loads(line) for line in lines]
-        assert len(records) == sub["input"]["records"]
-        return records
-
     async def _put(self, session: aiohttp.ClientSession, sub: dict[str, Any], records: list[dict[str, Any]],
                    **marks: Any) -> int:
         body = b"".join(jsoncodec.dumps_line({"id": r["id"], "slept_ms": r["ms"], **marks}) for r in records)
