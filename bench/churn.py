@@ -11,9 +11,9 @@ how many subtasks the killed executors held at the moment of the kills (at most 
 executor: an executor holds one lease at a time), with how long the watchdog took to give them back.
 
 Executors are real agent processes (`python -m minions.agents.macos --kind sleep`) by default; with
-`--executors inprocess` they are the test executors of tests/chaos (one process, asyncio tasks;
-a kill cancels one mid-subtask without a word to the server). Every run ends with the chaos
-drills' audit (tests/chaos/audit.py): every record exactly once, in order; attempt history
+`--executors inprocess` they are the drills' test executors (minions/testing/drill_executors.py:
+one process, asyncio tasks; a kill cancels one mid-subtask without a word to the server). Every run ends with the chaos
+drills' audit (minions/testing/audit.py): every record exactly once, in order; attempt history
 explains every retry.
 
 The makespan is the task's own: finished_at - created_at, as PostgreSQL recorded them.
@@ -40,9 +40,9 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
-from tests.chaos.audit import audit  # noqa: E402
-from tests.chaos.cluster import Cluster, DedicatedPostgres, eventually, sleep_records  # noqa: E402
-from tests.chaos.executors import DrillExecutor  # noqa: E402
+from minions.testing.audit import audit  # noqa: E402
+from minions.testing.cluster import Cluster, DedicatedPostgres, eventually, sleep_records  # noqa: E402
+from minions.testing.drill_executors import DrillExecutor  # noqa: E402
 
 
 @dataclass

@@ -55,7 +55,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres, bin_path  # noqa: E402
-from tests.support.factories import make_executor, make_task, make_token  # noqa: E402
+from minions.testing.factories import make_executor, make_task, make_token  # noqa: E402
 
 TEMPLATE = "bench_claim_template"
 LEASE_TIMEOUT_S = 60

@@ -49,10 +49,12 @@ class Settings:
                                                                    "median (0: never)"})
     sweep_interval_s: float = field(default=10.0, metadata={"env": "MINIONS_SWEEP_INTERVAL_S",
                                                             "help": "watchdog/splitter safety-net sweep period"})
+    listen_probe_s: float = field(default=30.0, metadata={"env": "MINIONS_LISTEN_PROBE_S",
+                                                          "help": "liveness probe period of each LISTEN connection"})
 
     def validate(self) -> Settings:
         problems = []
-        for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s"):
+        for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s", "listen_probe_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from minions.testing.processes import Services
 from tests.support.database import TestDatabases
-from tests.support.processes import Services
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 

@@ -12,8 +12,8 @@ import pytest
 from minions.db.connect import connect
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
+from minions.testing.factories import make_task, make_token
 from tests.support.api import ApiHarness, running_api
-from tests.support.factories import make_task, make_token
 
 SLEEP_TASK = {"team": "search", "project": "ranker", "name": "t1", "kind": "sleep",
               "input": {"records": [{"id": "a", "ms": 1}, {"id": "b", "ms": 1}]}}

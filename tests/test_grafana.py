@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from minions.db.connect import connect
-from tests.support.factories import make_task, make_token, silence
+from minions.testing.factories import make_task, make_token, silence
 from tests.support.grafana_macros import (
     MacroError,
     QueryContext,

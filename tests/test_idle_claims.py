@@ -11,8 +11,8 @@ import asyncpg
 
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
+from minions.testing.factories import make_task
 from tests.support.api import running_api
-from tests.support.factories import make_task
 
 STATEMENT = re.compile(r"LOG:\s+(statement|execute [^:]*):")
 

@@ -10,15 +10,18 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
-from tests.support.agents import AgentFleet
-from tests.support.factories import make_tokens
-from tests.support.processes import REPO, Services
+from minions.testing.agents import AgentFleet
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+
+REPO = Path(__file__).resolve().parents[1]
 
 SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}

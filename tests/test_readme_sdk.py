@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from minions.sample import embedding_records
-from tests.support.agents import AgentFleet
-from tests.support.factories import make_tokens
-from tests.support.processes import REPO, Services
+from minions.testing.agents import AgentFleet
+from minions.testing.factories import make_tokens
+from minions.testing.processes import REPO, Services
 
 
 def readme_pipeline() -> str:

@@ -16,9 +16,9 @@ from minions import jsoncodec
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.sdk import FailedRecord, MinionsClient, SleepResult, SyncMinionsClient, Task
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
 
 
 @pytest.fixture

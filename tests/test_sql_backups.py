@@ -8,7 +8,7 @@ import uuid
 import asyncpg
 
 from minions.db.connect import connect
-from tests.support.factories import make_executor, make_task, make_token, silence
+from minions.testing.factories import make_executor, make_task, make_token, silence
 
 
 async def _straggling(database_url: str) -> tuple[asyncpg.Connection, int, uuid.UUID, dict, uuid.UUID]:

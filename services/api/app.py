@@ -18,7 +18,7 @@ from minions.services.api.appkeys import POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
-from minions.services.api.routes import executors, health, leases, task_details, tasks, tokens
+from minions.services.api.routes import executors, health, leases, subtasks, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -43,7 +43,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
-    app.router.add_routes(task_details.routes)
+    app.router.add_routes(subtasks.routes)
     app.router.add_routes(tokens.routes)
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
@@ -85,7 +85,8 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
     # The token cache listens on the same connection, for revocations.
-    waiters = ClaimWaiters(app[SETTINGS].database_url, listeners=[app[TOKENS]])
+    waiters = ClaimWaiters(app[SETTINGS].database_url, probe_interval_s=app[SETTINGS].listen_probe_s,
+                           listeners=[app[TOKENS]])
     await waiters.start()
     app[WAITERS] = waiters
     yield

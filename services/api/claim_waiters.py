@@ -1,9 +1,9 @@
 """Long-poll claims wait here, woken by NOTIFY on the `subtasks` channel.
 
-One LISTEN connection per API process, however many executors wait: an idle system runs no polling
-queries. A waiter registers *before* it runs its claim query, so a notification that lands during
-the query is not missed. When the LISTEN connection drops, every waiter is woken (it re-queries, so
-nothing notified meanwhile is missed) and the connection is re-established with backoff.
+One LISTEN connection per API process (minions/db/listen.py), however many executors wait: an idle
+system runs no polling queries. A waiter registers *before* it runs its claim query, so a
+notification that lands during the query is not missed. When the LISTEN connection drops, and
+again once it is back, every waiter is woken: it re-queries, so nothing notified meanwhile is missed.
 
 Other channels of the API ride on the same connection (`ChannelListener`): the token cache hears of
 revoked tokens on `tokens`.
@@ -14,15 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-import asyncpg
+from minions.db.listen import Listener
 
-from minions.backoff import Backoff
-from minions.db.connect import CONNECTION_ERRORS, connect
-from minions.logging import get_logger
-
-log = get_logger(__name__)
 CHANNEL = "subtasks"
 
 
@@ -55,40 +50,32 @@ class Waiter:
         return True
 
 
-def _setter(event: asyncio.Event) -> Any:
-    return lambda _conn: event.set()
-
-
-def _forward(listener: ChannelListener) -> Any:
-    return lambda _conn, _pid, _channel, payload: listener.notified(payload)
-
-
 class ClaimWaiters:
-    def __init__(self, database_url: str, listeners: Sequence[ChannelListener] = ()) -> None:
-        self._url = database_url
-        self._listeners = tuple(listeners)
+    def __init__(self, database_url: str, *, probe_interval_s: float,
+                 listeners: Sequence[ChannelListener] = ()) -> None:
         self._waiters: set[Waiter] = set()
-        self._conn: asyncpg.Connection | None = None
+        self._listeners = tuple(listeners)
+        self._listener = Listener(database_url, CHANNEL, self._on_notify, catch_up=self._listening,
+                                  on_lost=self._lost, probe_interval_s=probe_interval_s,
+                                  also={each.channel: each.notified for each in self._listeners})
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self.connected = asyncio.Event()
+
+    @property
+    def connected(self) -> asyncio.Event:
+        return self._listener.connected
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._keep_listening(), name="claim-waiters-listen")
+        self._task = asyncio.create_task(self._listener.run(), name="claim-waiters-listen")
         # Serve even while the database is down; the listener catches up when it returns.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.connected.wait(), 5)
 
     async def stop(self) -> None:
-        self._stopping = True
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
-        self._listening_changed(False)
-        self._wake_all()
+        self._lost()
 
     @contextlib.contextmanager
     def registered(self, capabilities: frozenset[str]) -> Iterator[Waiter]:
@@ -103,57 +90,21 @@ class ClaimWaiters:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notify(self, payload: str) -> None:
         for waiter in self._waiters:
             if payload in waiter.capabilities:
                 waiter.event.set()
 
-    def _listening_changed(self, listening: bool) -> None:
+    def _listening(self) -> None:
         for listener in self._listeners:
-            listener.listening_changed(listening)
+            listener.listening_changed(True)
+        self._wake_all()  # anything notified while we were away: let waiters look again
+
+    def _lost(self) -> None:
+        for listener in self._listeners:
+            listener.listening_changed(False)
+        self._wake_all()
 
     def _wake_all(self) -> None:
         for waiter in self._waiters:
             waiter.event.set()
-
-    async def _keep_listening(self) -> None:
-        backoff = Backoff(max_s=5.0)
-        while not self._stopping:
-            lost = asyncio.Event()
-            try:
-                conn = await connect(self._url)
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(CHANNEL, self._on_notify)
-                for listener in self._listeners:
-                    await conn.add_listener(listener.channel, _forward(listener))
-                self._conn = conn
-                self.connected.set()
-                self._listening_changed(True)
-                self._wake_all()  # anything notified while we were away: let waiters look again
-                log.info("listening", channel=CHANNEL)
-                backoff.reset()
-                await self._watch(conn, lost)
-            except asyncio.CancelledError:
-                raise
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                log.warning("listen_connection_failed", error=str(exc))
-            self.connected.clear()
-            self._listening_changed(False)
-            self._wake_all()
-            await backoff.sleep()
-
-    async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
-        """Return when the connection is gone. A liveness probe every 30 s catches a server that
-        vanished without closing the socket (termination listeners do not fire then); it is one
-        trivial statement, not a poll for work."""
-        while not lost.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(lost.wait(), 30)
-            if lost.is_set():
-                break
-            try:
-                await conn.execute("SELECT 1", timeout=5)
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError):
-                break
-        with contextlib.suppress(Exception):
-            conn.terminate()

@@ -14,7 +14,7 @@ from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
-            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor")
+            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,13 +22,14 @@ from minions.backoff import Backoff
 from minions.config import ConfigError, Settings, add_arguments, from_args
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
-from minions.services.splitter.listener import TaskListener, Wakeup
+from minions.services.splitter.listener import Wakeup, task_listener
 from minions.services.splitter.worker import RetryBook, Worker
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
 
 Q = Queries("splitter")
-SETTINGS = ("database_url", "store", "s3_endpoint_url", "sweep_interval_s", "public_url", "host", "port")
+SETTINGS = ("database_url", "store", "s3_endpoint_url", "sweep_interval_s", "public_url", "host", "port",
+            "listen_probe_s")
 
 log = minions_logging.get_logger("splitter")
 
@@ -80,7 +81,7 @@ async def serve(settings: Settings, workers: int) -> int:
     wakeup = Wakeup()
     retries = RetryBook(settings.sweep_interval_s)
     parts = [
-        TaskListener(settings.database_url, wakeup, ping_interval_s=settings.sweep_interval_s).run(),
+        task_listener(settings.database_url, wakeup, probe_interval_s=settings.listen_probe_s).run(),
         *(Worker(f"w{i}", settings.database_url, store, wakeup.subscribe(), retries,
                  sweep_interval_s=settings.sweep_interval_s).run() for i in range(workers)),
     ]

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import asyncpg
@@ -48,14 +48,6 @@ class SplitResult:
     error: str | None = None
 
 
-@dataclass
-class _Batch:
-    """Subtasks cut but not yet inserted."""
-
-    next_subtask_id: int
-    items: list[Subtask] = field(default_factory=list)
-
-
 async def split_task(
     conn: asyncpg.Connection,
     store: ObjectStore,
@@ -67,121 +59,157 @@ async def split_task(
 ) -> SplitResult:
     """Split (or resume splitting) one task. Database errors propagate (the caller reconnects and
     the next run resumes from the last inserted batch); input errors fail the task."""
-    log = get_logger("splitter").bind(task_id=task_id)
     begun = await conn.fetchrow(Q.begin_split, task_id)
     if begun is None or begun["split_offset"] is None:
         return SplitResult("skipped")
     task = await conn.fetchrow(Q.task_for_split, task_id)
     assert task is not None  # begin_split just updated it
-    uri: str = task["input_uri"]
-    resume_offset: int = begun["split_offset"]
-    resume_records: int = begun["split_records"]
-    if resume_offset:
-        log.info("split_resuming", offset=resume_offset, records=resume_records)
+    split = TaskSplit(conn, store, task_id, task, begun, batch_subtasks=batch_subtasks,
+                      batch_interval_s=batch_interval_s, cancel_check_s=cancel_check_s)
+    return await split.run()
 
-    cutter = Cutter(task["kind"], task["subtask_size"])
-    batch = _Batch(begun["next_subtask_id"])
-    inserted = 0
-    started = last_db = time.monotonic()
-    first_flush_done = False
 
-    def result(outcome: Outcome, error: str | None = None) -> SplitResult:
-        return SplitResult(outcome, inserted, cutter.records, cutter.offset, error)
+class TaskSplit:
+    """One run of one task's split, begun (minion_begin_split) where the last run stopped: streams
+    the input, cuts it, keeps the subtasks the last run had not inserted, and inserts them in
+    batches."""
 
-    def keep(subtasks: list[Subtask]) -> None:
+    def __init__(self, conn: asyncpg.Connection, store: ObjectStore, task_id: int, task: asyncpg.Record,
+                 begun: asyncpg.Record, *, batch_subtasks: int, batch_interval_s: float,
+                 cancel_check_s: float) -> None:
+        self.conn = conn
+        self.store = store
+        self.task_id = task_id
+        self.uri: str = task["input_uri"]
+        self.resume_offset: int = begun["split_offset"]
+        self.resume_records: int = begun["split_records"]
+        self.batch_subtasks = batch_subtasks
+        self.batch_interval_s = batch_interval_s
+        self.cancel_check_s = cancel_check_s
+        self.cutter = Cutter(task["kind"], task["subtask_size"])
+        self.pending: list[Subtask] = []  # cut, not yet inserted
+        self.next_subtask_id: int = begun["next_subtask_id"]
+        self.inserted = 0  # subtasks this run inserted
+        self.flushed_once = False
+        self.started = self.last_db = time.monotonic()  # last_db: the last round trip to the database
+        self.log = get_logger("splitter").bind(task_id=task_id)
+
+    async def run(self) -> SplitResult:
+        if self.resume_offset:
+            self.log.info("split_resuming", offset=self.resume_offset, records=self.resume_records)
+        try:
+            if not await self._insert_all():
+                self.log.info("split_stopped", reason="task no longer splittable")
+                return self._result("cancelled")
+        except InputError as exc:
+            error = await self._explain(exc)
+        except ObjectNotFound:
+            error = f"input {self.uri} not found"
+        except StoreUnavailable as exc:
+            self.log.warning("input_unreadable", error=str(exc))
+            return self._result("retry", str(exc))
+        else:
+            await self.conn.execute(Q.finish_split, self.task_id)
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            self.log.info(
+                "split_done", subtasks=self.inserted, records=self.cutter.records, bytes=self.cutter.offset,
+                seconds=round(elapsed, 3), mb_per_s=round(self.cutter.offset / elapsed / 1e6, 2),
+            )
+            return self._result("done")
+        await fail_task(self.conn, self.task_id, error)
+        self.log.info("split_failed", reason="bad input", error=error)
+        # minion_fail_split deleted whatever subtasks this or an earlier run inserted.
+        return SplitResult("failed", 0, self.cutter.records, self.cutter.offset, error)
+
+    def _result(self, outcome: Outcome, error: str | None = None) -> SplitResult:
+        return SplitResult(outcome, self.inserted, self.cutter.records, self.cutter.offset, error)
+
+    async def _insert_all(self) -> bool:
+        """Reads the whole input and inserts every subtask; False once the task is no longer
+        splittable (cancelled, failed)."""
+        if not self.store.readable(self.uri):
+            raise InputError(f"input {self.uri} is not in the configured object store")
+        async with contextlib.aclosing(_read(self.store, self.uri)) as chunks:
+            async for chunk in chunks:
+                self._keep(self.cutter.feed(chunk))
+                if not await self._insert_due():
+                    return False
+                # Cutting is CPU work: let the listener and other splits run between chunks.
+                await asyncio.sleep(0)
+        self._keep(self.cutter.finish())
+        if self.cutter.offset < self.resume_offset:
+            raise InputError("the input object changed after its split began")
+        while self.pending:
+            if not await self._flush():
+                return False
+        return True
+
+    async def _insert_due(self) -> bool:
+        """Inserts the batches that are due; with nothing to insert for a while, checks the task is
+        still splittable. False when it is not."""
+        now = time.monotonic()
+        # The first subtasks go out at once (sub-second start), later ones in batches.
+        while len(self.pending) >= self.batch_subtasks or (
+            self.pending and (not self.flushed_once or now - self.last_db >= self.batch_interval_s)
+        ):
+            if not await self._flush():
+                return False
+        if not self.pending and now - self.last_db >= self.cancel_check_s:
+            return await self._still_splittable()
+        return True
+
+    def _keep(self, subtasks: list[Subtask]) -> None:
         for subtask in subtasks:
-            if subtask.byte_end <= resume_offset:
+            if subtask.byte_end <= self.resume_offset:
                 continue  # inserted by the run that crashed; read again only to know its ids
-            if subtask.byte_start < resume_offset or (
-                subtask.byte_start == resume_offset and subtask.first_record != resume_records
+            if subtask.byte_start < self.resume_offset or (
+                subtask.byte_start == self.resume_offset and subtask.first_record != self.resume_records
             ):
                 raise InputError("the input object changed after its split began")
-            batch.items.append(subtask)
+            self.pending.append(subtask)
 
-    async def flush(count: int) -> bool:
-        nonlocal inserted, last_db, first_flush_done
-        items, batch.items = batch.items[:count], batch.items[count:]
+    async def _flush(self) -> bool:
+        """Inserts the next batch; False when the task is no longer splittable."""
+        items, self.pending = self.pending[: self.batch_subtasks], self.pending[self.batch_subtasks:]
         last = items[-1]
-        added = await conn.fetchval(
+        added = await self.conn.fetchval(
             Q.add_subtasks,
-            task_id,
+            self.task_id,
             [s.byte_start for s in items],
             [s.byte_end for s in items],
             [s.first_record for s in items],
             [s.records for s in items],
-            batch.next_subtask_id,
+            self.next_subtask_id,
             last.byte_end,
             last.first_record + last.records,
         )
-        last_db = time.monotonic()
+        self.last_db = time.monotonic()
         if not added:
             return False
-        batch.next_subtask_id += len(items)
-        inserted += len(items)
-        first_flush_done = True
-        elapsed = max(last_db - started, 1e-9)
-        log.info(
-            "split_progress", subtasks=inserted, records=last.first_record + last.records,
-            bytes=cutter.offset, mb_per_s=round(cutter.offset / elapsed / 1e6, 2),
+        self.next_subtask_id += len(items)
+        self.inserted += len(items)
+        self.flushed_once = True
+        elapsed = max(self.last_db - self.started, 1e-9)
+        self.log.info(
+            "split_progress", subtasks=self.inserted, records=last.first_record + last.records,
+            bytes=self.cutter.offset, mb_per_s=round(self.cutter.offset / elapsed / 1e6, 2),
         )
         return True
 
-    async def still_splittable() -> bool:
-        nonlocal last_db
-        row = await conn.fetchrow(Q.task_status, task_id)
-        last_db = time.monotonic()
+    async def _still_splittable(self) -> bool:
+        row = await self.conn.fetchrow(Q.task_status, self.task_id)
+        self.last_db = time.monotonic()
         # Not a status test: the first claim makes a task "running" while it is still splitting.
         return row is not None and row["status"] not in FINISHED and not row["split_done"]
 
-    try:
-        if not store.readable(uri):
-            raise InputError(f"input {uri} is not in the configured object store")
-        async with contextlib.aclosing(_read(store, uri)) as chunks:
-            async for chunk in chunks:
-                keep(cutter.feed(chunk))
-                now = time.monotonic()
-                # The first subtasks go out at once (sub-second start), later ones in batches.
-                while len(batch.items) >= batch_subtasks or (
-                    batch.items and (not first_flush_done or now - last_db >= batch_interval_s)
-                ):
-                    if not await flush(batch_subtasks):
-                        log.info("split_stopped", reason="task no longer splittable")
-                        return result("cancelled")
-                if not batch.items and now - last_db >= cancel_check_s and not await still_splittable():
-                    log.info("split_stopped", reason="task no longer splittable")
-                    return result("cancelled")
-                # Cutting is CPU work: let the listener and other splits run between chunks.
-                await asyncio.sleep(0)
-        keep(cutter.finish())
-        if cutter.offset < resume_offset:
-            raise InputError("the input object changed after its split began")
-        while batch.items:
-            if not await flush(batch_subtasks):
-                log.info("split_stopped", reason="task no longer splittable")
-                return result("cancelled")
-    except InputError as exc:
+    async def _explain(self, exc: InputError) -> str:
+        """The input error as the task will show it: for a duplicate id, where it first appeared."""
         error = str(exc)
         if exc.duplicate_id is not None:
-            first = await _first_line_of(store, uri, exc.duplicate_id)
+            first = await _first_line_of(self.store, self.uri, exc.duplicate_id)
             if first is not None and first != exc.line:
                 error += f" (first seen on line {first})"
-    except ObjectNotFound:
-        error = f"input {uri} not found"
-    except StoreUnavailable as exc:
-        log.warning("input_unreadable", error=str(exc))
-        return result("retry", str(exc))
-    else:
-        await conn.execute(Q.finish_split, task_id)
-        elapsed = max(time.monotonic() - started, 1e-9)
-        log.info(
-            "split_done", subtasks=inserted, records=cutter.records, bytes=cutter.offset,
-            seconds=round(elapsed, 3), mb_per_s=round(cutter.offset / elapsed / 1e6, 2),
-        )
-        return result("done")
-    await fail_task(conn, task_id, error)
-    log.info("split_failed", reason="bad input", error=error)
-    # minion_fail_split deleted whatever subtasks this or an earlier run inserted.
-    return SplitResult("failed", 0, cutter.records, cutter.offset, error)
+        return error
 
 
 async def fail_task(conn: asyncpg.Connection, task_id: int, error: str) -> None:

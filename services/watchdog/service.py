@@ -1,7 +1,10 @@
-"""The watchdog: LISTENs on `heartbeats`, keeps deadlines only for executors holding a lease, and
-when one passes asks SQL to reclaim (which re-checks the silence under a row lock, so our clock
-never decides alone). It also sweeps on start, after every reconnect and on a timer: a NOTIFY is a
-wake-up, never the only record of work."""
+"""The watchdog: LISTENs on `heartbeats` (minions/db/listen.py), keeps deadlines only for executors
+holding a lease, and when one passes asks SQL to reclaim (which re-checks the silence under a row
+lock, so our clock never decides alone). It also sweeps on start, after every (re)LISTEN, after
+every reconnect and on a timer: a NOTIFY is a wake-up, never the only record of work.
+
+The LISTEN connection is the listener's own; the sweeps and reclaims run on a second connection,
+so the listener's liveness probe never races them for it."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import asyncpg
 from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
+from minions.db.listen import Listener
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.watchdog.deadlines import Deadlines
@@ -29,6 +33,9 @@ class Watchdog:
         self.deadlines = Deadlines()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._catch_up = False  # set by each (re)LISTEN: heartbeats may have gone unheard
+        self.listener = Listener(settings.database_url, CHANNEL, self._on_heartbeat, catch_up=self._caught_up,
+                                 probe_interval_s=settings.listen_probe_s)
         self.reclaimed_total = 0
 
     def stop(self) -> None:
@@ -36,6 +43,15 @@ class Watchdog:
         self._wake.set()
 
     async def run(self) -> None:
+        listening = asyncio.create_task(self.listener.run(), name="watchdog-listen")
+        try:
+            await self._judge()
+        finally:
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
+
+    async def _judge(self) -> None:
         backoff = Backoff(max_s=5.0)
         reconnecting = False
         while not self._stopping.is_set():
@@ -62,6 +78,10 @@ class Watchdog:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
+    def _caught_up(self) -> None:
+        self._catch_up = True
+        self._wake.set()
+
     async def _serve(self, conn: asyncpg.Connection, grace_s: float) -> None:
         lost = asyncio.Event()
 
@@ -70,12 +90,14 @@ class Watchdog:
             self._wake.set()
 
         conn.add_termination_listener(on_lost)
-        await conn.add_listener(CHANNEL, self._on_heartbeat)
-        log.info("listening", channel=CHANNEL, lease_timeout_s=self.settings.lease_timeout_s, grace_s=grace_s)
+        log.info("judging", lease_timeout_s=self.settings.lease_timeout_s, grace_s=grace_s)
         judge_from = asyncio.get_running_loop().time() + grace_s
         next_sweep = judge_from
         while not self._stopping.is_set() and not lost.is_set():
             loop_now = asyncio.get_running_loop().time()
+            if self._catch_up:
+                self._catch_up = False
+                next_sweep = min(next_sweep, max(loop_now, judge_from))
             if loop_now >= next_sweep:
                 await self._sweep(conn)
                 next_sweep = loop_now + self.settings.sweep_interval_s
@@ -90,9 +112,9 @@ class Watchdog:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.01, timeout))
         if lost.is_set():
-            raise ConnectionError("LISTEN connection closed")
+            raise ConnectionError("database connection closed")
 
-    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_heartbeat(self, payload: str) -> None:
         executor_raw, _, leases_raw = payload.partition(" ")
         try:
             executor_id, leases = uuid.UUID(executor_raw), int(leases_raw)

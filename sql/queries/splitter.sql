@@ -4,9 +4,6 @@
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 
--- name: ping
-SELECT 1;
-
 -- name: unsplit_tasks
 -- The sweep: tasks still waiting for (the rest of) their split. Served by the partial index
 -- tasks_unsplit; NOTIFY only wakes the splitter, this query is the record of the work.

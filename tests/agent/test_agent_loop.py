@@ -49,9 +49,9 @@ from minions.db.connect import connect
 from minions.services.splitter.split import split_task
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
+from minions.testing.factories import make_token
+from minions.testing.waiting import T, eventually
 from tests.support.api import ApiHarness, running_api
-from tests.support.factories import make_token
-from tests.support.waiting import T, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = Hardware(os="Linux test", chip="test", memory_gb=1, device="cpu", cpu_count=2)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.cluster import Cluster, ClusterFactory, DedicatedPostgres
+from minions.testing.cluster import Cluster, ClusterFactory, DedicatedPostgres
 
 _FAILED = pytest.StashKey[bool]()
 

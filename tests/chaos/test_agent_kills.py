@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import LEASE_TIMEOUT_S, Cluster, ClusterFactory, pick, sleep_records
+from minions.testing.audit import audit
+from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, ClusterFactory, pick, sleep_records
 
 
 async def test_kill_a_quarter_of_the_agents_mid_task_and_near_the_end(cluster: Cluster) -> None:

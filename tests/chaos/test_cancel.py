@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import HEARTBEAT_S, Cluster, eventually, log_events, pick, sleep_records
+from minions.testing.audit import audit
+from minions.testing.cluster import HEARTBEAT_S, Cluster, eventually, log_events, pick, sleep_records
 
 
 async def test_cancel_mid_task_stops_leased_work_at_the_next_heartbeat(cluster: Cluster) -> None:

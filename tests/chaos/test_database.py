@@ -16,8 +16,16 @@ from typing import Any
 import aiohttp
 
 from minions import jsoncodec
-from tests.chaos.audit import audit
-from tests.chaos.cluster import Cluster, ClusterFactory, DedicatedPostgres, eventually, log_events, pick, sleep_records
+from minions.testing.audit import audit
+from minions.testing.cluster import (
+    Cluster,
+    ClusterFactory,
+    DedicatedPostgres,
+    eventually,
+    log_events,
+    pick,
+    sleep_records,
+)
 
 
 def _assert_all_alive(cluster: Cluster, *, agents: bool = True) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import LEASE_TIMEOUT_S, Cluster, eventually, pick, sleep_records
-from tests.chaos.executors import DrillExecutor
+from minions.testing.audit import audit
+from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, eventually, pick, sleep_records
+from minions.testing.drill_executors import DrillExecutor
 
 
 async def test_hung_executor_late_result_is_refused_and_invisible(cluster: Cluster) -> None:

@@ -14,8 +14,8 @@ import asyncio
 
 import aiohttp
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import LEASE_TIMEOUT_S, Cluster, sleep_records
+from minions.testing.audit import audit
+from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, sleep_records
 
 
 async def test_a_lease_whose_claim_answer_was_lost_is_reclaimed(cluster: Cluster) -> None:

@@ -1,7 +1,7 @@
 """Drill: a poison subtask, failing every time it runs.
 
 The sleep runner of the agent has no failure mode, so this drill runs test executors
-(tests/chaos/executors.py) that fail, retryably through POST /leases/{token}/fail, any subtask
+(minions/testing/drill_executors.py) that fail, retryably through POST /leases/{token}/fail, any subtask
 holding a record marked `"poison": true` (an extra field: the API keeps it, the sleep kind ignores
 it). The subtask is failed for good after max_attempts with its error; the rest of the task runs to
 the end; the task ends `failed`, with results for every other record and an {"id", "error"} line
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import Cluster, pick, sleep_records
-from tests.chaos.executors import POISON_ERROR, DrillExecutor
+from minions.testing.audit import audit
+from minions.testing.cluster import Cluster, pick, sleep_records
+from minions.testing.drill_executors import POISON_ERROR, DrillExecutor
 
 
 async def test_poison_subtask_fails_after_max_attempts_and_the_rest_completes(cluster: Cluster) -> None:

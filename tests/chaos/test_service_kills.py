@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import LEASE_TIMEOUT_S, Cluster, pick, sleep_records
+from minions.testing.audit import audit
+from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, pick, sleep_records
 
 
 async def test_kill_and_restart_each_service_mid_task(cluster: Cluster) -> None:

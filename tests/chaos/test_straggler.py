@@ -9,9 +9,9 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
-from tests.chaos.audit import audit
-from tests.chaos.cluster import Cluster, ClusterFactory, eventually, pick, sleep_records
-from tests.chaos.executors import DrillExecutor
+from minions.testing.audit import audit
+from minions.testing.cluster import Cluster, ClusterFactory, eventually, pick, sleep_records
+from minions.testing.drill_executors import DrillExecutor
 
 SLOWDOWN = 20.0
 

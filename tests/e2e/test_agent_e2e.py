@@ -30,10 +30,10 @@ from minions import jsoncodec
 from minions.db.connect import connect
 from minions.sample import embedding_records
 from minions.sdk import MinionsClient
-from tests.support.agents import AgentFleet, AgentProcess
-from tests.support.factories import make_token
-from tests.support.processes import Services
-from tests.support.waiting import T, eventually
+from minions.testing.agents import AgentFleet, AgentProcess
+from minions.testing.factories import make_token
+from minions.testing.processes import Services
+from minions.testing.waiting import T, eventually
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 WAIT_S = 60.0  # generous: these run on shared, noisy CI machines

@@ -8,12 +8,12 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
 
 
-async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...],
+async def wait_for_status(client: MinionsClient, name: str, statuses: tuple[str, ...],
                        timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -24,7 +24,7 @@ async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ..
     raise AssertionError(f"task {name} never reached {statuses}: {task}")
 
 
-async def _results(client: MinionsClient, name: str) -> list[dict[str, Any]]:
+async def task_results(client: MinionsClient, name: str) -> list[dict[str, Any]]:
     body = b"".join([chunk async for chunk in client.results("search", "ranker", name)])
     return [jsoncodec.loads(line) for line in body.splitlines()]
 
@@ -40,10 +40,10 @@ async def test_2000_records_four_executors_every_record_once_in_order(services: 
         async with MinionsClient(services.api_url, admin) as client:
             await client.submit({"team": "search", "project": "ranker", "name": "e2e", "kind": "sleep",
                                  "input": {"records": records}, "subtask_size": 25})
-            task = await _wait_status(client, "e2e", ("completed", "failed", "cancelled"), timeout=120)
+            task = await wait_for_status(client, "e2e", ("completed", "failed", "cancelled"), timeout=120)
             assert task["status"] == "completed", (task, services.logs())
             assert task["subtasks"]["total"] == 80 and task["records"] == {"total": 2000, "done": 2000}
-            results = await _results(client, "e2e")
+            results = await task_results(client, "e2e")
     finally:
         stop.set()
         await asyncio.gather(*runners, return_exceptions=True)
@@ -65,7 +65,7 @@ async def test_splitter_catches_up_on_tasks_submitted_while_it_was_down(services
         await asyncio.sleep(1)
         assert (await client.task("search", "ranker", "early"))["status"] == "submitted"
         services.start("splitter")
-        task = await _wait_status(client, "early", ("queued",), timeout=30)
+        task = await wait_for_status(client, "early", ("queued",), timeout=30)
         assert task["subtasks"]["total"] == 4 and task["records"]["total"] == 10
 
 
@@ -78,19 +78,19 @@ async def test_silent_executor_loses_its_lease_and_another_finishes(services: Se
     async with MinionsClient(services.api_url, admin) as client:
         await client.submit({"team": "search", "project": "ranker", "name": "reclaim", "kind": "sleep",
                              "input": {"records": [{"id": "only", "ms": 1}]}})
-        await _wait_status(client, "reclaim", ("queued",))
+        await wait_for_status(client, "reclaim", ("queued",))
         hung_run = asyncio.create_task(hung.run(stop))
-        await _wait_status(client, "reclaim", ("running",))
+        await wait_for_status(client, "reclaim", ("running",))
         claimed_at = time.monotonic()
         healthy_run = asyncio.create_task(healthy.run(stop))
-        task = await _wait_status(client, "reclaim", ("completed",), timeout=30)
+        task = await wait_for_status(client, "reclaim", ("completed",), timeout=30)
         waited = time.monotonic() - claimed_at
         assert waited >= services.lease_timeout_s - 0.5, "reclaimed before the lease timeout"
         assert healthy.completed == [("reclaim", 0)]
         assert task["subtasks"]["done"] == 1
         executors = {e["name"]: e for e in await client.executors()}
         assert executors["hung"]["status"] == "lost"
-        assert await _results(client, "reclaim") == [{"id": "only", "slept_ms": 1}]
+        assert await task_results(client, "reclaim") == [{"id": "only", "slept_ms": 1}]
     stop.set()
     hung_run.cancel()
     await asyncio.gather(hung_run, healthy_run, return_exceptions=True)

@@ -12,11 +12,11 @@ import pytest
 
 from minions import jsoncodec
 from minions.sdk import MinionsClient
-from tests.e2e.test_control_plane import _results, _wait_status
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
+from tests.e2e.test_control_plane import task_results, wait_for_status
 from tests.support.s3 import FAKE_ENV, moto_server
-from tests.support.sleep_executor import SleepExecutor
 
 BUCKET = "minions-e2e"
 
@@ -46,9 +46,9 @@ async def test_task_through_s3_inline_and_uploaded_inputs(database_url: str, tmp
             await client.submit({"team": "search", "project": "ranker", "name": "by-uri", "kind": "sleep",
                                  "input": {"uri": uploaded}, "subtask_size": 9})
             for name in ("inline", "by-uri"):
-                task = await _wait_status(client, name, ("completed", "failed", "cancelled"), timeout=60)
+                task = await wait_for_status(client, name, ("completed", "failed", "cancelled"), timeout=60)
                 assert task["status"] == "completed", (task, services.logs())
-                results = await _results(client, name)
+                results = await task_results(client, name)
                 assert [r["id"] for r in results] == [r["id"] for r in records]
     finally:
         stop.set()

@@ -23,7 +23,7 @@ from minions.db.connect import connect
 from minions.embedded_pg import free_port
 from minions.services.api.app import create_app
 from minions.services.api.routes import openapi as openapi_routes
-from tests.support.factories import make_task, make_token
+from minions.testing.factories import make_task, make_token
 
 T = TypeVar("T")
 SUBMITTED = ("search", "ranker", "fuzz-submitted")

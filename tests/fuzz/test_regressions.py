@@ -40,7 +40,7 @@ CASES = [
     # tasks.py list_tasks: a cursor past bigint, and one that str.isdigit() takes but int() does not.
     _case("list-cursor-bigint", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=99999999999999999999"),
     _case("list-cursor-superscript", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=%C2%B2"),
-    # task_details.py task_subtasks: the same isdigit()/int() mismatch for `after`.
+    # routes/subtasks.py task_subtasks: the same isdigit()/int() mismatch for `after`.
     _case("subtasks-after-superscript", "GET", "/api/v1/tasks/{team}/{project}/{name}/subtasks",
           "/api/v1/tasks/search/ranker/fuzz-queued/subtasks?after=%C2%B2"),
     # tasks.py _task_row: path names go to the database unchecked.

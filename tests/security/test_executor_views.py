@@ -10,8 +10,8 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.db.connect import connect
+from minions.testing.factories import make_task, make_token
 from tests.support.api import ApiHarness, running_api
-from tests.support.factories import make_task, make_token
 
 SECRET_CHIP = "Apple M9 Ultra (owned by dana)"
 SHARED_PREFS = [{"team": "teamb", "project": "secretproj", "task_name": "launch-plan"},

@@ -21,9 +21,10 @@ import pytest
 from minions import jsoncodec
 from minions.agents.macos.install import render_launchd, render_systemd
 from minions.embedded_pg import free_port
-from tests.support.processes import REPO
-from tests.support.sleep_executor import SleepExecutor
-from tests.support.waiting import eventually
+from minions.testing.sleep_executor import SleepExecutor
+from minions.testing.waiting import eventually
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ import aiohttp
 import yarl
 
 from minions import jsoncodec
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
-from tests.support.sleep_executor import SleepExecutor
-from tests.support.waiting import eventually
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
+from minions.testing.waiting import eventually
 
 TASK = "/api/v1/tasks/search/ranker"
 

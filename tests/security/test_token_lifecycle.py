@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest_asyncio
@@ -18,8 +19,10 @@ from minions import jsoncodec
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
 from minions.sdk.health import wait_until_healthy
-from tests.support.factories import make_token
-from tests.support.processes import REPO, Service, Services
+from minions.testing.factories import make_token
+from minions.testing.processes import Service, Services
+
+REPO = Path(__file__).resolve().parents[2]
 
 REVOCATION_BOUND_S = 1.0  # the bound: every process refuses a revoked token within 1 s
 

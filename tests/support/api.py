@@ -16,7 +16,7 @@ from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
 from minions.services.api.app import create_app
-from tests.support.factories import make_token
+from minions.testing.factories import make_token
 
 
 @dataclass

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 import yarl
 
-from tests.support.factories import make_tokens
-from tests.support.processes import REPO, Services
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
+from minions.testing.sleep_executor import SleepExecutor
 
 CHROMIUM = os.environ.get("MINIONS_CHROMIUM", "/usr/bin/chromium")
 ENABLE = "enable them with: apt-get install -y chromium && pip install playwright (no `playwright install`)"
@@ -31,7 +31,7 @@ if importlib.util.find_spec("playwright") is None:
 
 from playwright.async_api import Page, async_playwright, expect  # noqa: E402
 
-SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 RECORDS = [{"id": f"rec-{i:03d}", "ms": 250} for i in range(48)]

@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 
 from minions.db.connect import connect
+from minions.testing.factories import make_executor, make_task, make_token
 from tests.support.api import ApiHarness, running_api
-from tests.support.factories import make_executor, make_task, make_token
 
 SUBTASKS = "/api/v1/tasks/search/ranker/details/subtasks"
 

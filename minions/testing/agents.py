@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import REPO, ManagedProcess, Services
+from minions.testing.processes import IMPORT_ROOT, ManagedProcess, Services
 
 
 @dataclass
@@ -34,7 +34,7 @@ class AgentFleet:
         with log_path.open("ab") as log:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "MINIONS_LOG_LEVEL": "info"}
             env.pop("MINIONS_TOKEN", None)
-            process = subprocess.Popen([*args, *extra], cwd=REPO, env=env, stdout=log, stderr=log,
+            process = subprocess.Popen([*args, *extra], cwd=IMPORT_ROOT, env=env, stdout=log, stderr=log,
                                        stdin=subprocess.DEVNULL)
         agent = AgentProcess(name, process, log_path)
         self.agents.append(agent)

@@ -1,4 +1,5 @@
-"""A task's subtasks for the web UI: state, current lease holder and the history of attempts."""
+"""`GET /api/v1/tasks/{team}/{project}/{name}/subtasks`: a task's subtasks, for the web UI and
+operators: state, current lease holder and the history of attempts."""
 
 from __future__ import annotations
 

@@ -9,10 +9,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import minions
 from minions.embedded_pg import free_port
 from minions.sdk.health import wait_until_healthy
 
-REPO = Path(__file__).resolve().parents[2]
+# Children run `python -m minions…` from the folder that holds the `minions` package in use, so they
+# import this same code whether it is installed or checked out.
+IMPORT_ROOT = Path(minions.__file__).resolve().parent.parent
 
 
 class ManagedProcess:
@@ -49,7 +52,7 @@ class Service(ManagedProcess):
     def start(self) -> Service:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args], env=self.env, cwd=REPO,
+            [sys.executable, "-m", self.module, *self.args], env=self.env, cwd=IMPORT_ROOT,
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
         log.close()

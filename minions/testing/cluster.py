@@ -26,17 +26,17 @@ from minions.db.connect import connect
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.sdk import MinionsClient, MinionsError
-from tests.support import waiting
-from tests.support.agents import AgentFleet, AgentProcess
-from tests.support.factories import make_tokens
-from tests.support.processes import Services
+from minions.testing import waiting
+from minions.testing.agents import AgentFleet, AgentProcess
+from minions.testing.factories import make_tokens
+from minions.testing.processes import Services
 
 LONG = os.environ.get("MINIONS_CHAOS", "").lower() == "long"
 TEAM, PROJECT = "chaos", "drill"
 HEARTBEAT_S = 0.5
 LEASE_TIMEOUT_S = 2.0
 T = TypeVar("T")
-# `await make_cluster(database_url, **Services settings)` (the fixture in conftest.py).
+# `await make_cluster(database_url, **Services settings)` (the fixture in tests/chaos/conftest.py).
 ClusterFactory = Callable[..., Awaitable["Cluster"]]
 
 
@@ -67,7 +67,7 @@ def log_events(log: str, event: str) -> list[dict[str, Any]]:
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float,
                      interval: float = 0.1) -> T:
-    """tests/support/waiting.py's `eventually`, riding out probes that fail while a drill has a
+    """minions/testing/waiting.py's `eventually`, riding out probes that fail while a drill has a
     service or the database down."""
     async def tolerant() -> T | None:
         try:

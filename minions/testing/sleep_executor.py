@@ -54,13 +54,7 @@ class SleepExecutor:
 
     async def work(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
         token, sub = lease["lease"]["token"], lease["subtask"]
-        start, end = sub["input"]["range"]
-        async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
-                               headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
-            assert resp.status in (200, 206)
-            lines = [line for line in (await resp.read()).splitlines() if line.strip()]
-        records = [jsoncodec.loads(line) for line in lines]
-        assert len(records) == sub["input"]["records"]
+        records = await self._download(session, sub)
         if self.hang_after_claim:
             await asyncio.sleep(3600)
         beat = asyncio.create_task(self._heartbeat(session, token))
@@ -75,6 +69,17 @@ class SleepExecutor:
         async with session.put(yarl.URL(sub["output"]["url"], encoded=True), data=b"".join(out)) as resp:
             assert resp.status == 200
         await self.complete(session, token, sub, len(records), started)
+
+    async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]]:
+        """The subtask's records, read from its signed input URL's byte range."""
+        start, end = sub["input"]["range"]
+        async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
+                               headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
+            assert resp.status in (200, 206)
+            lines = [line for line in (await resp.read()).splitlines() if line.strip()]
+        records = [jsoncodec.loads(line) for line in lines]
+        assert len(records) == sub["input"]["records"]
+        return records
 
     async def complete(self, session: aiohttp.ClientSession, token: str, sub: dict[str, Any], records: int,
                        started: float) -> None:

@@ -1,5 +1,5 @@
 """Misbehaving executors for the drills: small in-process clients of the executor protocol that
-extend the test SleepExecutor (tests/support) with the faults real agents cannot be told to have.
+extend the test SleepExecutor (minions/testing/sleep_executor.py) with the faults real agents cannot be told to have.
 
 - `hang_until`: claims, stops heartbeating while keeping its connection, and when the event is set
   tries to finish anyway (PUT its output, then complete): its late answers are recorded.
@@ -21,7 +21,7 @@ import aiohttp
 import yarl
 
 from minions import jsoncodec
-from tests.support.sleep_executor import SleepExecutor
+from minions.testing.sleep_executor import SleepExecutor
 
 POISON_ERROR = "poison record {id}: this record fails every time"
 
@@ -91,16 +91,6 @@ class DrillExecutor(SleepExecutor):
             return
         await self._put(session, sub, records)
         await self.complete(session, token, sub, len(records), started)
-
-    async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]]:
-        start, end = sub["input"]["range"]
-        async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
-                               headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
-            assert resp.status in (200, 206)
-            lines = [line for line in (await resp.read()).splitlines() if line.strip()]
-        records = [jsoncodec.loads(line) for line in lines]
-        assert len(records) == sub["input"]["records"]
-        return records
 
     async def _put(self, session: aiohttp.ClientSession, sub: dict[str, Any], records: list[dict[str, Any]],
                    **marks: Any) -> int:
