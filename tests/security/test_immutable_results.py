@@ -26,7 +26,8 @@ from tests.support.processes import Services
 from tests.support.s3 import FAKE_ENV, moto_server
 
 BUCKET = "minions-immutable"
-INJECTED = [{"id": "evil", "slept_ms": 1}]
+# What a writer still holding an output URL tries after its lease ended: injected ids, and more bytes.
+INJECTED = b'{"id":"evil","slept_ms":1}\n' * 1000
 
 
 async def _steps(services: Services, session: aiohttp.ClientSession) -> LeaseSteps:
@@ -52,10 +53,6 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
 
 
-def _injected(lease: dict[str, object]) -> bytes:
-    return b'{"id":"evil","slept_ms":1}\n' * 1000
-
-
 async def test_an_output_url_stops_working_once_its_lease_ends(local: tuple[LeaseSteps, Services]) -> None:
     steps, _ = local
     ids = ["r0", "r1", "r2", "r3"]
@@ -73,7 +70,7 @@ async def test_an_output_url_stops_working_once_its_lease_ends(local: tuple[Leas
     assert await steps.lease_state(executor_id, lost) == "lost"
 
     for n, what in enumerate(("completed", "failed", "released", "lost")):
-        reply = await steps.put(url[n], _injected(leases[n]))
+        reply = await steps.put(url[n], INJECTED)
         assert reply.status == 403 and reply.code == "lease_ended", (what, reply)
 
     # The requeued subtasks are finished by a new attempt; the old URLs still write nothing.
@@ -82,7 +79,7 @@ async def test_an_output_url_stops_working_once_its_lease_ends(local: tuple[Leas
         mine = [ids[lease["subtask"]["subtask_id"]]]
         assert (await steps.put(lease["subtask"]["output"]["url"], sleep_output(mine))).status == 200
         assert (await steps.complete(lease)).status == 200
-        assert (await steps.put(lease["subtask"]["output"]["url"], _injected(lease))).status == 403
+        assert (await steps.put(lease["subtask"]["output"]["url"], INJECTED)).status == 403
     assert await steps.task_status("sealed") == "completed"
     status, body, whole = await steps.results("sealed")
     assert (status, body, whole) == (200, sleep_output(ids), True)
@@ -100,13 +97,6 @@ async def test_results_serve_only_the_bytes_verified_at_complete(local: tuple[Le
     assert (await steps.complete(lease)).status == 200
     assert await steps.results("checked") == (200, output, True)
 
-    conn = await connect(services.database_url)
-    try:
-        row = await conn.fetchrow("SELECT result_key, result_sha256, result_bytes FROM subtasks")
-    finally:
-        await conn.close()
-    assert row["result_sha256"] == hashlib.sha256(output).digest() and row["result_bytes"] == len(output)
-
     # Someone with access to the store's folder changes the result (same size, then another size).
     objects = [p for p in services.store_root.rglob("*.jsonl") if "inputs" not in p.parts]
     assert len(objects) == 1, objects  # the verified copy; the attempt's object is gone
@@ -116,6 +106,14 @@ async def test_results_serve_only_the_bytes_verified_at_complete(local: tuple[Le
         status, body, whole = await steps.results("checked")
         assert not (status == 200 and whole), "a result that changed after complete was served"
         assert b'"slept_ms":7' not in body and body.count(b'"id":"a"') == 0
+
+    # What was checked against: the SHA-256 and size of the bytes verified at complete.
+    conn = await connect(services.database_url)
+    try:
+        row = await conn.fetchrow("SELECT result_key, result_sha256, result_bytes FROM subtasks")
+    finally:
+        await conn.close()
+    assert row["result_sha256"] == hashlib.sha256(output).digest() and row["result_bytes"] == len(output)
 
 
 async def test_on_s3_a_late_put_never_reaches_results(database_url: str, tmp_path: Path,
@@ -136,7 +134,7 @@ async def test_on_s3_a_late_put_never_reaches_results(database_url: str, tmp_pat
             assert (await steps.complete(lease)).status == 200
             # moto honours the presigned URL after the commit (real S3 would too, until it expires):
             # the late write lands on the attempt's key, which results never read.
-            assert (await steps.put(url, _injected(lease))).status == 200
+            assert (await steps.put(url, INJECTED)).status == 200
             assert await steps.results("s3-sealed") == (200, output, True)
 
             # The verified copy, changed in the bucket behind the API's back, is never served.
