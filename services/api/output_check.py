@@ -10,7 +10,6 @@ that is not whole, or not JSON, would corrupt its neighbours.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 
 import orjson
 
@@ -76,8 +75,8 @@ class OutputCheck:
         self.size = 0
         self._input = _Lines("the input")
         self._output = _Lines("the output")
-        self._expected: deque[object] = deque()  # ids of input records not yet matched
-        self._got: deque[object] = deque()  # ids of output lines not yet matched
+        self._expected: list[object] = []  # ids of input records not yet matched
+        self._got: list[object] = []  # ids of output lines not yet matched
         self._output_lines = 0  # output lines read so far
         self._matched = 0
 
@@ -89,20 +88,30 @@ class OutputCheck:
     def add_output(self, chunk: bytes) -> None:
         self.sha256.update(chunk)
         self.size += len(chunk)
-        for line in self._output.feed(chunk):
-            self._got.append(self._output_id(line))
+        lines = self._output.feed(chunk)
+        try:
+            # The fast path, per chunk: comprehensions, no call per line of ours.
+            if self._output_lines + len(lines) > self.records:
+                raise ValueError
+            ids = [value["id"] for value in [orjson.loads(line) for line in lines]]
+        except (ValueError, TypeError, KeyError):  # JSONDecodeError is a ValueError
+            ids = [self._output_id(n, line) for n, line in enumerate(lines, self._output_lines + 1)]
+            raise AssertionError("unreachable: the slow path raises at the faulty line") from None
+        self._output_lines += len(lines)
+        self._got.extend(ids)
         self._match()
 
     def add_input(self, chunk: bytes) -> None:
-        for line in self._input.feed(chunk):
-            self._input_record(line)
+        # The splitter validated every record of the input: each line is an object with an id;
+        # blank lines are not records (the splitter skips them too).
+        self._expected.extend(orjson.loads(line)["id"] for line in self._input.feed(chunk) if line.strip())
         self._match()
 
     def input_done(self) -> None:
         """The input range is read to its end: its last record may lack a newline."""
         last = self._input.rest()
         if last.strip():
-            self._input_record(last)
+            self._expected.append(orjson.loads(last)["id"])
         self._match()
         if self._got:
             raise OutputMismatch(f"the output has more lines than the subtask's {self.records} records")
@@ -115,10 +124,9 @@ class OutputCheck:
             raise OutputMismatch(f"the output has {self._output_lines} lines; the subtask has "
                                  f"{self.records} records (one line per record, in input order)")
 
-    def _output_id(self, line: bytes) -> object:
-        self._output_lines += 1
-        number = self._output_lines
-        if self._output_lines > self.records:
+    def _output_id(self, number: int, line: bytes) -> object:
+        """The id of output line `number`, or OutputMismatch saying what is wrong with it."""
+        if number > self.records:
             raise OutputMismatch(f"the output has more lines than the subtask's {self.records} records")
         try:
             value = orjson.loads(line)
@@ -128,16 +136,16 @@ class OutputCheck:
             raise OutputMismatch(f"output line {number} is not a JSON object with an id")
         return value["id"]
 
-    def _input_record(self, line: bytes) -> None:
-        if not line.strip():
-            return  # blank lines are not records (the splitter skips them too)
-        # The splitter validated every record of the input: each line is an object with an id.
-        self._expected.append(orjson.loads(line)["id"])
-
     def _match(self) -> None:
-        while self._got and self._expected:
-            got, want = self._got.popleft(), self._expected.popleft()
-            self._matched += 1
-            if not _same_id(got, want):
-                raise OutputMismatch(f"output line {self._matched} has id {_shown(got)}; record "
-                                     f"{self._matched} of the subtask has id {_shown(want)}")
+        count = min(len(self._got), len(self._expected))
+        if not count:
+            return
+        got, want = self._got[:count], self._expected[:count]
+        # Equal values of another JSON type (1 and 1.0, 1 and true) are different ids.
+        if got != want or list(map(type, got)) != list(map(type, want)):
+            for n, (a, b) in enumerate(zip(got, want, strict=True), self._matched + 1):
+                if not _same_id(a, b):
+                    raise OutputMismatch(f"output line {n} has id {_shown(a)}; record {n} of the subtask "
+                                         f"has id {_shown(b)}")
+        del self._got[:count], self._expected[:count]
+        self._matched += count
