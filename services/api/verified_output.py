@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from minions.services.api.output_check import OutputCheck
-from minions.store.base import ObjectStore, StoreError
+from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 # Results up to this size are read once, checked and then sent from memory; larger ones are read
 # twice (check, then send) so that no byte is sent before the whole object is known to be intact.
@@ -64,6 +64,9 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID) -> Ver
             while check.wants_input and not input_done:
                 try:
                     piece = await anext(reader)
+                except ObjectNotFound:
+                    # Not the executor's fault (and not output_missing): the task's input is gone.
+                    raise StoreError(f"the task's input {lease['input_uri']} is gone") from None
                 except StopAsyncIteration:
                     input_done = True
                     await asyncio.to_thread(check.input_done)
