@@ -11,6 +11,11 @@ from minions.sdk import MinionsClient
 from tests.support.factories import make_tokens
 from tests.support.processes import Services
 from tests.support.sleep_executor import SleepExecutor
+from tests.support.waiting import eventually
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 async def _wait_status(client: MinionsClient, name: str, statuses: tuple[str, ...],
@@ -86,7 +91,9 @@ async def test_silent_executor_loses_its_lease_and_another_finishes(services: Se
         task = await _wait_status(client, "reclaim", ("completed",), timeout=30)
         waited = time.monotonic() - claimed_at
         assert waited >= services.lease_timeout_s - 0.5, "reclaimed before the lease timeout"
-        assert healthy.completed == [("reclaim", 0)]
+        # The task turns completed when the commit does; the executor hears so a moment later (complete
+        # then removes the attempt's object, now copied to its verified result).
+        await eventually(lambda: _now(healthy.completed == [("reclaim", 0)]), "the healthy executor's commit")
         assert task["subtasks"]["done"] == 1
         executors = {e["name"]: e for e in await client.executors()}
         assert executors["hung"]["status"] == "lost"
