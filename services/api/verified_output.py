@@ -107,10 +107,10 @@ async def _checked(store: ObjectStore, uri: str, size: int, sha256: bytes) -> As
     async for chunk in store.read(uri):
         seen += len(chunk)
         if seen > size:
-            raise ResultCorrupted(f"{uri} holds more than the {size} bytes verified at complete")
+            raise ResultCorrupted(f"it holds more than the {size} bytes verified at complete")
         await asyncio.to_thread(digest.update, chunk)
         yield chunk
     if seen != size:
-        raise ResultCorrupted(f"{uri} holds {seen} bytes, not the {size} verified at complete")
+        raise ResultCorrupted(f"it holds {seen} bytes, not the {size} verified at complete")
     if digest.digest() != sha256:
-        raise ResultCorrupted(f"{uri} no longer holds the bytes verified at complete (SHA-256 differs)")
+        raise ResultCorrupted("it no longer holds the bytes verified at complete (SHA-256 differs)")
