@@ -15,7 +15,9 @@ import pytest
 from minions.sample import embedding_records
 from minions.testing.agents import AgentFleet
 from minions.testing.factories import make_tokens
-from minions.testing.processes import REPO, Services
+from minions.testing.processes import Services
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def readme_pipeline() -> str:

@@ -231,9 +231,16 @@ class Agent:
     async def _complete(self, claim: Claim, records: int, seconds: float) -> None:
         try:
             await self._client.complete(claim.token, records, seconds)
-        except Rejected as exc:
+        except Conflict as exc:
             # 409 lease_lost: the subtask was reclaimed meanwhile; our output is ignored (fencing).
             log.warning("complete_refused", subtask=claim.subtask.label, error=str(exc))
+            return
+        except Rejected as exc:
+            # 422 output_mismatch: the server found the output does not answer the records. Nothing
+            # was committed and the lease is still ours: fail it now (another attempt may do better)
+            # rather than leave it to the lease timeout.
+            log.warning("complete_refused", subtask=claim.subtask.label, error=str(exc))
+            await self._fail(claim, str(exc), retryable=True)
             return
         self.completed += 1
         log.info("subtask_completed", subtask=claim.subtask.label, records=records, seconds=round(seconds, 3))

@@ -14,7 +14,7 @@ from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
-from minions.services.api.appkeys import POOL, SETTINGS, STORE, TOKENS, WAITERS
+from minions.services.api.appkeys import OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
@@ -55,6 +55,11 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     # min_size=0: the API starts (and answers 503) even while the database is down.
     pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20)
     app[POOL] = pool
+
+    async def output_writable(key: str) -> bool:
+        return bool(await pool.fetchval(Q.output_writable, key))
+
+    app[OUTPUT_WRITABLE] = output_writable
     yield
     await pool.close()
 

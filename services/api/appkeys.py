@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import asyncpg
 from aiohttp import web
 
@@ -15,3 +17,6 @@ POOL = web.AppKey("pool", asyncpg.Pool)
 STORE = web.AppKey("store", ObjectStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
 TOKENS = web.AppKey("tokens", TokenCache)
+# Whether the local store may take a PUT of this key now: only the output key of a live lease
+# (set from the database in app.py; a server without it takes no PUT at all).
+OUTPUT_WRITABLE = web.AppKey[Callable[[str], Awaitable[bool]]]("output_writable")

@@ -40,7 +40,8 @@ shape, `{"error": {"code", "message", "fields"}}`; a 500 is a bug.
 
 Not described here: `GET`/`PUT /api/v1/store/{key}`, the local store's signed URLs. They are not
 part of the client API: the server hands them out in leases (`input.url`, `output.url`), and the
-signature in their query string is their only credential, like an S3 presigned URL. This document
+signature in their query string is their only credential, like an S3 presigned URL; a PUT is taken
+only while the lease it was issued for is live (else 403 `lease_ended`). This document
 itself is served, without a token, at `GET /api/openapi.json`.
 """
 
@@ -651,12 +652,18 @@ def _paths() -> dict[str, Schema]:
                 "operationId": "completeLease",
                 "tags": ["executor protocol"],
                 "summary": "Commit a subtask whose output was written",
+                "description": "The output is verified first: one JSONL line per input record of the "
+                               "subtask, with the input's ids in order. A verified copy is committed "
+                               "(its SHA-256 recorded); the output URL stops working.",
                 "requestBody": _json_body(_ref("Completion"), "What was done."),
                 "responses": _responses(
-                    _ok(_ref("Ok"), "Committed."), _AUTHED, _BODY, **lease_errors,
+                    _ok(_ref("Ok"), "Committed (or committed already by this lease: a retried complete)."),
+                    _AUTHED, _BODY, **lease_errors,
                     e409="The lease is no longer current (`lease_lost`), its task was cancelled "
                          "(`task_cancelled`), or the output was not written (`output_missing`).",
-                    e422="`records` is missing, negative, or not the subtask's record count.",
+                    e422="`records` is missing, negative, or not the subtask's record count (`invalid`); "
+                         "or the output does not hold one line per record with the input's ids in order "
+                         "(`output_mismatch`: nothing committed, the lease stays live).",
                 ),
             },
         },

@@ -64,7 +64,8 @@ SELECT minion_cancel_task($1);
 
 -- name: result_subtasks
 -- One page of a task's subtasks in input order, for streaming results in constant memory.
-SELECT subtask_id, state, output_key, last_error, byte_start, byte_end, records
+SELECT subtask_id, state, output_key, result_key, result_sha256, result_bytes, last_error, byte_start,
+       byte_end, records
 FROM subtasks WHERE task_id = $1 AND subtask_id > $2
 ORDER BY subtask_id LIMIT $3;
 
@@ -82,10 +83,15 @@ SELECT * FROM minion_claim($1, $2, $3);
 SELECT * FROM minion_heartbeat($1, $2, $3);
 
 -- name: lease_info
-SELECT owner, output_key FROM minion_lease_info($1);
+SELECT * FROM minion_lease_info($1);
+
+-- name: output_writable
+-- The local store takes a PUT of an output key only while its lease is live.
+SELECT minion_output_writable($1);
 
 -- name: complete
-SELECT minion_complete($1, $2, $3);
+-- $4-$6: the verified copy of the output (result key, SHA-256, size)
+SELECT minion_complete($1, $2, $3, $4, $5, $6);
 
 -- name: fail
 SELECT minion_fail($1, $2, $3);

@@ -1,9 +1,10 @@
 """Drill: an executor hangs (stops heartbeating but keeps its connection) and later tries to finish.
 
 The watchdog reclaims its lease after the lease timeout and an agent runs the subtask again. The
-hung executor then wakes while that second lease is still running, writes its output and tries to
-complete: refused (409 lease_lost), as are its heartbeat's claim to the lease, a fail and a
-release; its output appears nowhere in the results, and the agent's commit goes through.
+hung executor then wakes while that second lease is still running, tries to write its output
+(refused: 403 lease_ended, its output URL died with its lease) and to complete: refused (409
+lease_lost), as are its heartbeat's claim to the lease, a fail and a release; its output appears
+nowhere in the results, and the agent's commit goes through.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ async def test_hung_executor_late_result_is_refused_and_invisible(cluster: Clust
 
         wake.set()  # the hung executor comes back while the agent's lease is live
         await eventually(lambda: _finished_late(hung), "the late completion", timeout=10)
-        assert hung.late["put"] == 200  # its own per-attempt object: harmless
+        assert hung.late["put"] == 403  # its output URL died with its lease (issue 8, item 3)
         assert hung.late["complete"] == 409 and hung.late["complete_code"] == "lease_lost", hung.late
         assert hung.late["heartbeat"] == 200 and hung.late["heartbeat_says_ok"] == 0, hung.late
         assert hung.late["fail"] == 409 and hung.late["release"] == 409, hung.late

@@ -54,7 +54,9 @@ async def test_task_through_s3_inline_and_uploaded_inputs(database_url: str, tmp
         stop.set()
         await asyncio.gather(*runners, return_exceptions=True)
         services.stop_all()
-    # Outputs live in the bucket, one object per committed attempt.
-    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-            .list_objects_v2(Bucket=BUCKET, Prefix="minions/outputs/").get("Contents", [])]
+    # Results live in the bucket, one verified copy per committed attempt (made at complete, which
+    # then removes the attempt's own object).
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="minions/results/").get("Contents", [])]
     assert len(keys) == 9 + 7
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="minions/outputs/").get("KeyCount", 0) == 0

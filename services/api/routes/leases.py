@@ -16,6 +16,9 @@ from minions.services.api.appkeys import POOL, STORE
 from minions.services.api.auth import require
 from minions.services.api.bodies import json_object, without_nul
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
+from minions.services.api.output_check import OutputMismatch
+from minions.services.api.verified_output import VerifiedOutput, copy_verified
+from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -34,10 +37,10 @@ def _ok() -> web.Response:
     return web.Response(body=jsoncodec.dumps({"status": "ok"}), content_type="application/json")
 
 
-async def _lease(request: web.Request) -> tuple[uuid.UUID, str | None]:
+async def _lease(request: web.Request) -> tuple[uuid.UUID, Any]:
     """The lease token of the path, held by one of the caller's executors (an admin may act on any),
-    and the output key it must have written; None when the token is no longer current (the lease
-    functions then say why)."""
+    and its minion_lease_info row (the output key it must have written, the records it answers
+    for); None when the token is no longer current (the lease functions then say why)."""
     principal = require(request, "executor")
     try:
         token = uuid.UUID(request.match_info["token"])
@@ -48,7 +51,7 @@ async def _lease(request: web.Request) -> tuple[uuid.UUID, str | None]:
         return token, None
     if principal.role != "admin" and live["owner"] != principal.token_id:
         raise forbidden("this lease is held by an executor of another token", "not_your_lease")
-    return token, live["output_key"]
+    return token, live
 
 
 def _verdict(verdict: str) -> None:
@@ -72,16 +75,52 @@ def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) ->
 
 @routes.post("/api/v1/leases/{token}/complete")
 async def complete(request: web.Request) -> web.Response:
-    token, output_key = await _lease(request)
+    token, live = await _lease(request)
     body = await json_object(request)
     records = _number(body, "records", required=True, integer=True)
     seconds = _number(body, "seconds", required=False, integer=False)
     pool, store = request.app[POOL], request.app[STORE]
-    # A current lease must have written its output first; a stale one is refused by the SQL below.
-    if output_key is not None and await store.size(store.uri_for(output_key)) is None:
-        raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing")
-    _verdict(await pool.fetchval(Q.complete, token, records, seconds))
+    verified = None
+    if live is not None:
+        # A stale lease has nothing to verify: the SQL below refuses it (or answers a retried
+        # complete of a committed one).
+        if records != live["records"]:
+            _verdict("records_mismatch")
+        verified = await _verify(store, live, token)
+    verdict = await pool.fetchval(Q.complete, token, records, seconds, *(
+        (verified.key, verified.sha256, verified.size) if verified else (None, None, None)))
+    if verdict != "ok" and verified is not None:
+        # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
+        # the same lease won): nothing refers to it.
+        await _discard(store, verified.key)
+    if verdict == "repeat":
+        return _ok()
+    _verdict(verdict)
+    if live is not None:
+        # The committed bytes live on under the result key; the attempt's object is no longer read.
+        await _discard(store, live["output_key"])
     return _ok()
+
+
+async def _verify(store: ObjectStore, live: Any, token: uuid.UUID) -> VerifiedOutput:
+    """The output checked against the subtask's input and copied to its result key; 409
+    output_missing or 422 output_mismatch (the lease stays live: the executor may fix it and
+    complete again, or fail it)."""
+    try:
+        return await copy_verified(store, live, token)
+    except ObjectNotFound:
+        raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing") \
+            from None
+    except OutputMismatch as exc:
+        raise ApiError(422, "output_mismatch", f"the output does not answer the subtask's records: {exc}") \
+            from None
+
+
+async def _discard(store: ObjectStore, key: str) -> None:
+    try:
+        await store.delete(store.uri_for(key))
+    except StoreError as exc:  # garbage, not an error of this request
+        log.warning("store_delete_failed", key=key, error=str(exc))
 
 
 @routes.post("/api/v1/leases/{token}/fail")

@@ -3,17 +3,21 @@
 No bearer token here: the signature in the query is the credential, exactly as with S3 presigned
 URLs, so executors hold no store secret and treat both stores alike. With an S3 store these routes
 answer 404: nothing signs URLs for them.
+
+A PUT is taken only for the output key of a lease that is live when the upload starts and still
+live when it ends (OUTPUT_WRITABLE): an output URL stops working once its lease is completed,
+failed, released, lost or cancelled, whatever its signed expiry says.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.appkeys import STORE
+from minions.services.api.appkeys import OUTPUT_WRITABLE, STORE
 from minions.services.api.errors import error_response
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, validate_key
@@ -112,20 +116,35 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     if isinstance(authorized, web.Response):
         return authorized
     store, key = authorized
+    writable = request.app.get(OUTPUT_WRITABLE)
+    if writable is None or not await writable(key):
+        return _lease_ended()
     try:
-        uri, size = await store.put_stream(key, _body(request))
+        uri, size = await store.put_stream(key, _body(request, lambda: writable(key)))
     except _IncompleteBody as e:
         return error_response(400, "incomplete_body", str(e))
+    except _LeaseEnded:
+        return _lease_ended()
     return web.Response(body=jsoncodec.dumps({"uri": uri, "size": size}), content_type="application/json")
+
+
+def _lease_ended() -> web.Response:
+    return error_response(403, "lease_ended", "this URL's lease is no longer live (completed, failed, "
+                                              "released, lost or cancelled): its output can no longer change")
+
+
+class _LeaseEnded(Exception):
+    pass
 
 
 class _IncompleteBody(Exception):
     pass
 
 
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
+async def _body(request: web.Request, still_writable: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
     """The request body, refusing (so put_stream discards its temp file) one that ends short of its
-    Content-Length: a dropped upload must never be committed as a truncated object."""
+    Content-Length: a dropped upload must never be committed as a truncated object; and one whose
+    lease ended while it was uploading."""
     received = 0
     async for chunk in request.content.iter_chunked(_UPLOAD_CHUNK):
         received += len(chunk)
@@ -133,3 +152,5 @@ async def _body(request: web.Request) -> AsyncIterator[bytes]:
     expected = request.content_length
     if expected is not None and received != expected:
         raise _IncompleteBody(f"body ended after {received} of {expected} bytes")
+    if not await still_writable():
+        raise _LeaseEnded

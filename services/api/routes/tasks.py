@@ -23,6 +23,7 @@ from minions.services.api.errors import ApiError, conflict, forbidden, invalid, 
 from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.validation import TaskRequest, validate_task
+from minions.services.api.verified_output import ResultCorrupted, read_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
@@ -163,8 +164,15 @@ async def task_results(request: web.Request) -> web.StreamResponse:
                                        "(or ask for ?partial=true)")
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
-    async for chunk in _result_chunks(request, row):
-        await response.write(chunk)
+    try:
+        async for chunk in _result_chunks(request, row):
+            await response.write(chunk)
+    except (ObjectNotFound, ResultCorrupted):
+        # Logged where found. The status line is sent already, so the only honest signal left is to
+        # break the stream off: the client sees an incomplete response, never a clean end.
+        if request.transport is not None:
+            request.transport.close()
+        return response
     await response.write_eof()
     return response
 
@@ -180,7 +188,7 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
         for sub in page:
             after = sub["subtask_id"]
             if sub["state"] == "done":
-                async for chunk in _read_output(store, store.uri_for(sub["output_key"])):
+                async for chunk in _read_output(store, sub):
                     yield chunk
             elif sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
                 reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
@@ -196,14 +204,27 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
                 yield line
 
 
-async def _read_output(store: ObjectStore, uri: str) -> AsyncIterator[bytes]:
+async def _read_output(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
+    """A done subtask's committed result: the verified copy made at complete, served only if it still
+    holds the bytes verified then. A result committed before verified copies existed (result_key
+    NULL) is served from its attempt's output, as it was then."""
+    if sub["result_key"] is None:
+        uri = store.uri_for(sub["output_key"])
+        chunks = store.read(uri)
+    else:
+        uri = store.uri_for(sub["result_key"])
+        chunks = read_verified(store, uri, sub["result_bytes"], sub["result_sha256"])
     try:
-        async for chunk in store.read(uri):
+        async for chunk in chunks:
             yield chunk
     except ObjectNotFound:
         # A committed output was removed from the store behind our back: the stream breaks off
         # (the client sees an incomplete response) rather than silently dropping records.
         log.error("committed_output_missing", uri=uri)
+        raise
+    except ResultCorrupted as exc:
+        # Never served: the stream breaks off before any byte of this result is sent.
+        log.error("committed_result_corrupted", uri=uri, error=str(exc))
         raise
 
 

@@ -1,0 +1,151 @@
+"""What complete checks of an output: one JSONL line per input record, carrying the input's ids in
+order (API.md, "Output object"). Pure and synchronous, fed chunks of both objects as they stream in,
+so it holds O(one chunk) whatever their size; `services/api/verified_output.py` drives it.
+
+Only ids are compared (the result fields are the runner's business), but every output line must be a
+JSON object that ends with a newline: results concatenate the outputs of a task's subtasks, so a line
+that is not whole, or not JSON, would corrupt its neighbours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+
+from minions.records import format_id
+
+# A single output line longer than this (a completion of ~32 MB) is refused rather than buffered.
+MAX_LINE_BYTES = 32 * 1024 * 1024
+
+
+class OutputMismatch(Exception):
+    """The output does not answer the subtask's records; `str()` says where and how."""
+
+
+class _Lines:
+    """Complete lines (without their newline) from chunks of any size; at most one partial line held."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._carry = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = chunk.split(b"\n")
+        if len(lines) == 1:
+            self._keep(chunk)
+            return []
+        if self._carry:
+            self._keep(lines[0])
+            lines[0] = bytes(self._carry)
+            self._carry.clear()
+        self._keep(lines.pop())
+        return lines
+
+    def rest(self) -> bytes:
+        """The last line when it has no newline (b"" when the input ended with one)."""
+        rest = bytes(self._carry)
+        self._carry.clear()
+        return rest
+
+    def _keep(self, piece: bytes) -> None:
+        if len(self._carry) + len(piece) > MAX_LINE_BYTES:
+            raise OutputMismatch(f"{self._what} has a line longer than {MAX_LINE_BYTES} bytes")
+        self._carry += piece
+
+
+def _shown(record_id: object) -> str:
+    text = format_id(record_id)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _same_id(a: object, b: object) -> bool:
+    # The string "7" and the integer 7 are different ids (as in records.DuplicateIds).
+    return type(a) is type(b) and a == b
+
+
+class OutputCheck:
+    """Feed it the subtask's input range (`add_input`) and its output (`add_output`) in any
+    interleaving; each call matches as many lines as both sides allow and raises OutputMismatch at the
+    first wrong one. It also hashes the output (SHA-256) and counts its bytes: what complete records."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self._input = _Lines("the input")
+        self._output = _Lines("the output")
+        self._expected: list[object] = []  # ids of input records not yet matched
+        self._got: list[object] = []  # ids of output lines not yet matched
+        self._output_lines = 0  # output lines read so far
+        self._matched = 0
+
+    @property
+    def wants_input(self) -> bool:
+        """Whether output lines are waiting for input records to be compared with."""
+        return bool(self._got)
+
+    def add_output(self, chunk: bytes) -> None:
+        self.sha256.update(chunk)
+        self.size += len(chunk)
+        lines = self._output.feed(chunk)
+        try:
+            # The fast path, per chunk: comprehensions, no call per line of ours.
+            if self._output_lines + len(lines) > self.records:
+                raise ValueError
+            ids = [value["id"] for value in [orjson.loads(line) for line in lines]]
+        except (ValueError, TypeError, KeyError):  # JSONDecodeError is a ValueError
+            ids = [self._output_id(n, line) for n, line in enumerate(lines, self._output_lines + 1)]
+            raise AssertionError("unreachable: the slow path raises at the faulty line") from None
+        self._output_lines += len(lines)
+        self._got.extend(ids)
+        self._match()
+
+    def add_input(self, chunk: bytes) -> None:
+        # The splitter validated every record of the input: each line is an object with an id;
+        # blank lines are not records (the splitter skips them too).
+        self._expected.extend(orjson.loads(line)["id"] for line in self._input.feed(chunk) if line.strip())
+        self._match()
+
+    def input_done(self) -> None:
+        """The input range is read to its end: its last record may lack a newline."""
+        last = self._input.rest()
+        if last.strip():
+            self._expected.append(orjson.loads(last)["id"])
+        self._match()
+        if self._got:
+            raise OutputMismatch(f"the output has more lines than the subtask's {self.records} records")
+
+    def finish(self) -> None:
+        """The output is read to its end (call after matching has consumed every output line)."""
+        if self._output.rest():
+            raise OutputMismatch(f"output line {self._output_lines + 1} does not end with a newline")
+        if self._got or self._matched != self.records:
+            raise OutputMismatch(f"the output has {self._output_lines} lines; the subtask has "
+                                 f"{self.records} records (one line per record, in input order)")
+
+    def _output_id(self, number: int, line: bytes) -> object:
+        """The id of output line `number`, or OutputMismatch saying what is wrong with it."""
+        if number > self.records:
+            raise OutputMismatch(f"the output has more lines than the subtask's {self.records} records")
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise OutputMismatch(f"output line {number} is not JSON: {exc.msg}") from None
+        if not isinstance(value, dict) or "id" not in value:
+            raise OutputMismatch(f"output line {number} is not a JSON object with an id")
+        return value["id"]
+
+    def _match(self) -> None:
+        count = min(len(self._got), len(self._expected))
+        if not count:
+            return
+        got, want = self._got[:count], self._expected[:count]
+        # Equal values of another JSON type (1 and 1.0, 1 and true) are different ids.
+        if got != want or list(map(type, got)) != list(map(type, want)):
+            for n, (a, b) in enumerate(zip(got, want, strict=True), self._matched + 1):
+                if not _same_id(a, b):
+                    raise OutputMismatch(f"output line {n} has id {_shown(a)}; record {n} of the subtask "
+                                         f"has id {_shown(b)}")
+        del self._got[:count], self._expected[:count]
+        self._matched += count

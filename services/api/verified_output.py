@@ -1,0 +1,116 @@
+"""Committed results are verified and immutable (issue 8, items 3 and 4).
+
+At complete, `copy_verified` reads the attempt's output once, checks it against the subtask's input
+(output_check.OutputCheck) and writes the very bytes it checked to a result key (`results/…`) that no
+URL ever names, hashing them on the way. Whatever the attempt's PUT URL writes afterwards (an S3
+presigned URL cannot be revoked) lands on an object nobody reads. `read_verified` serves a result
+only once its bytes match the SHA-256 and size recorded at complete.
+
+Both stream: memory is O(one chunk) per call (plus at most VERIFY_IN_MEMORY when serving a small
+result), and hashing and JSON parsing run in worker threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from minions.services.api.output_check import OutputCheck
+from minions.store.base import ObjectNotFound, ObjectStore, StoreError
+
+# Results up to this size are read once, checked and then sent from memory; larger ones are read
+# twice (check, then send) so that no byte is sent before the whole object is known to be intact.
+VERIFY_IN_MEMORY = 8 * 1024 * 1024
+
+
+class ResultCorrupted(StoreError):
+    """A committed result no longer holds the bytes verified at complete: never served."""
+
+
+@dataclass(frozen=True)
+class VerifiedOutput:
+    key: str  # the result key the verified bytes were copied to
+    sha256: bytes
+    size: int
+
+
+def result_key(lease: Any, token: uuid.UUID) -> str:
+    """A fresh result key for one complete of `lease`: per attempt and lease like its output key, plus
+    a nonce so that two concurrent completes of one lease never write the same object."""
+    return (f"results/{lease['task_id']}/{lease['subtask_id']}/{lease['attempt']}-{token}-"
+            f"{secrets.token_hex(8)}.jsonl")
+
+
+async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID) -> VerifiedOutput:
+    """Check the output of a live `lease` (a minion_lease_info row) and copy it to a new result key.
+    Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
+    check = OutputCheck(lease["records"])
+    key = result_key(lease, token)
+    # Both stores' read() is an async generator: closed below however the check ends.
+    reader = cast(AsyncGenerator[bytes, None],
+                  store.read(lease["input_uri"], lease["byte_start"], lease["byte_end"]))
+
+    async def checked() -> AsyncIterator[bytes]:
+        input_done = False
+
+        async def feed_input() -> None:
+            nonlocal input_done
+            while check.wants_input and not input_done:
+                try:
+                    piece = await anext(reader)
+                except ObjectNotFound:
+                    # Not the executor's fault (and not output_missing): the task's input is gone.
+                    raise StoreError(f"the task's input {lease['input_uri']} is gone") from None
+                except StopAsyncIteration:
+                    input_done = True
+                    await asyncio.to_thread(check.input_done)
+                else:
+                    await asyncio.to_thread(check.add_input, piece)
+
+        async for chunk in store.read(store.uri_for(lease["output_key"])):
+            await asyncio.to_thread(check.add_output, chunk)
+            await feed_input()
+            yield chunk
+        check.finish()
+
+    async with contextlib.aclosing(reader):
+        # put_stream discards what it wrote when `checked` raises: a refused output leaves nothing.
+        await store.put_stream(key, checked())
+    return VerifiedOutput(key, check.sha256.digest(), check.size)
+
+
+async def read_verified(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:
+    """The bytes of a committed result, each sent only after the whole object matched `size` and
+    `sha256`; ResultCorrupted otherwise (ObjectNotFound when it is gone)."""
+    if size <= VERIFY_IN_MEMORY:
+        chunks = [chunk async for chunk in _checked(store, uri, size, sha256)]
+        for chunk in chunks:
+            yield chunk
+        return
+    async for _ in _checked(store, uri, size, sha256):
+        pass
+    # Checked again as it is sent: the object changed between the passes only if someone with the
+    # store's own credentials replaced it, and then the response breaks off with an error.
+    async for chunk in _checked(store, uri, size, sha256):
+        yield chunk
+
+
+async def _checked(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:
+    digest = hashlib.sha256()
+    seen = 0
+    async for chunk in store.read(uri):
+        seen += len(chunk)
+        if seen > size:
+            raise ResultCorrupted(f"it holds more than the {size} bytes verified at complete")
+        await asyncio.to_thread(digest.update, chunk)
+        yield chunk
+    if seen != size:
+        raise ResultCorrupted(f"it holds {seen} bytes, not the {size} verified at complete")
+    if digest.digest() != sha256:
+        raise ResultCorrupted("it no longer holds the bytes verified at complete (SHA-256 differs)")

@@ -1,0 +1,68 @@
+"""copy_verified and read_verified on a real local store: what complete writes, what results read."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minions import jsoncodec
+from minions.services.api.output_check import OutputMismatch
+from minions.services.api.verified_output import (
+    VERIFY_IN_MEMORY,
+    ResultCorrupted,
+    copy_verified,
+    read_verified,
+)
+from minions.store.base import ObjectNotFound
+from minions.store.local import LocalStore
+
+IDS = [f"r{i}" for i in range(5)]
+
+
+async def _lease(store: LocalStore, token: uuid.UUID) -> dict[str, Any]:
+    data = b"".join(jsoncodec.dumps_line({"id": i, "ms": 1}) for i in IDS)
+    uri = await store.put_bytes("inputs/in.jsonl", b"junk before\n" + data)
+    return {"task_id": 4, "subtask_id": 2, "attempt": 1, "records": len(IDS), "input_uri": uri,
+            "byte_start": len(b"junk before\n"), "byte_end": len(b"junk before\n") + len(data),
+            "output_key": f"outputs/4/2/1-{token}.jsonl"}
+
+
+def _files(store: LocalStore, prefix: str) -> list[Path]:
+    return sorted(p for p in (store.root / prefix).rglob("*") if p.is_file()) if (store.root / prefix).exists() else []
+
+
+async def test_complete_copies_exactly_the_bytes_it_checked(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, "key", "http://unused")
+    token = uuid.uuid4()
+    lease = await _lease(store, token)
+    with pytest.raises(ObjectNotFound):
+        await copy_verified(store, lease, token)  # nothing written yet
+    output = b"".join(jsoncodec.dumps_line({"id": i, "slept_ms": 1}) for i in IDS)
+    await store.put_bytes(lease["output_key"], output[:-1])  # no final newline
+    with pytest.raises(OutputMismatch):
+        await copy_verified(store, lease, token)
+    assert _files(store, "results") == []  # a refused output leaves no copy
+    await store.put_bytes(lease["output_key"], output)
+    verified = await copy_verified(store, lease, token)
+    assert verified.key.startswith(f"results/4/2/1-{token}-")
+    assert (verified.sha256, verified.size) == (hashlib.sha256(output).digest(), len(output))
+    assert (store.root / verified.key).read_bytes() == output
+
+
+@pytest.mark.parametrize("size", [1000, VERIFY_IN_MEMORY + 1000])
+async def test_a_changed_result_is_refused_before_any_byte_is_served(tmp_path: Path, size: int) -> None:
+    store = LocalStore(tmp_path, "key", "http://unused")
+    original = b"x" * size
+    uri = await store.put_bytes("results/1/0/r.jsonl", original)
+    digest = hashlib.sha256(original).digest()
+    assert b"".join([c async for c in read_verified(store, uri, size, digest)]) == original
+    await store.put_bytes("results/1/0/r.jsonl", b"y" + original[1:])
+    served = []
+    with pytest.raises(ResultCorrupted):
+        async for chunk in read_verified(store, uri, size, digest):
+            served.append(chunk)
+    assert served == []
