@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.appkeys import STORE
+from minions.services.api.appkeys import SETTINGS, STORE
 from minions.services.api.errors import error_response
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, validate_key
@@ -112,10 +112,15 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     if isinstance(authorized, web.Response):
         return authorized
     store, key = authorized
+    limit = request.app[SETTINGS].max_output_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
     try:
-        uri, size = await store.put_stream(key, _body(request))
+        uri, size = await store.put_stream(key, _body(request, limit))
     except _IncompleteBody as e:
         return error_response(400, "incomplete_body", str(e))
+    except _BodyTooLarge:
+        return _too_large(limit)
     return web.Response(body=jsoncodec.dumps({"uri": uri, "size": size}), content_type="application/json")
 
 
@@ -123,12 +128,24 @@ class _IncompleteBody(Exception):
     pass
 
 
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> web.Response:
+    return error_response(413, "too_large", f"the object is over the limit of {limit:,} bytes "
+                                            "(MINIONS_MAX_OUTPUT_BYTES)")
+
+
+async def _body(request: web.Request, limit: int) -> AsyncIterator[bytes]:
     """The request body, refusing (so put_stream discards its temp file) one that ends short of its
-    Content-Length: a dropped upload must never be committed as a truncated object."""
+    Content-Length (a dropped upload must never be committed as a truncated object) or that runs
+    past `limit` bytes (nothing over the limit is ever stored, whatever Content-Length said)."""
     received = 0
     async for chunk in request.content.iter_chunked(_UPLOAD_CHUNK):
         received += len(chunk)
+        if received > limit:
+            raise _BodyTooLarge
         yield chunk
     expected = request.content_length
     if expected is not None and received != expected:
