@@ -162,3 +162,24 @@ CREATE FUNCTION minion_gc_outputs(p_keys text[]) RETURNS SETOF text LANGUAGE sql
                                 WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id
                                   AND b.lease_token = p.token)))
 $$;
+
+-- Delete a finished task (completed, failed or cancelled) and, by cascade, its subtasks and their
+-- history: 'deleted', 'not_finished' (cancel it first), or 'missing'. Its input and result objects
+-- become garbage, which the collector deletes after the grace period (and the team's quota gets the
+-- input's bytes back).
+CREATE FUNCTION minion_delete_task(p_task_id bigint) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    finished timestamptz;
+BEGIN
+    -- Lock order everywhere: subtasks (by id), then the task.
+    PERFORM 1 FROM subtasks WHERE task_id = p_task_id ORDER BY subtask_id FOR UPDATE;
+    SELECT finished_at INTO finished FROM tasks WHERE id = p_task_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'missing';
+    END IF;
+    IF finished IS NULL THEN
+        RETURN 'not_finished';
+    END IF;
+    DELETE FROM tasks WHERE id = p_task_id;
+    RETURN 'deleted';
+END $$;

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         result: int = module.main(argv[1:])
         return result
     args = build_parser().parse_args(argv)
-    if args.command in ("submit", "status", "wait", "results", "cancel", "executors"):
+    if args.command in ("submit", "status", "wait", "results", "cancel", "executors", "delete"):
         return tasks.run(args)
     if args.command == "agent":
         from minions.agents.macos.cli import run as run_agent

@@ -29,6 +29,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
     p.set_defaults(handler=gc)
 
+    p = sub.add_parser("delete", help="delete a finished task (its input and results are then garbage)")
+    connection.add_arguments(p)
+    p.add_argument("task", help="TEAM/PROJECT/NAME")
+    p.set_defaults(handler=delete)
+
     team = sub.add_parser("team", help="team settings kept by operators")
     team_sub = team.add_subparsers(dest="team_command", required=True)
     for name, handler, text in (
@@ -86,6 +91,17 @@ def gc(args: argparse.Namespace) -> int:
     report = asyncio.run(run())
     print(("dry run: " if args.dry_run else "") + report.summary())
     return 1 if report.errors else 0
+
+
+async def delete(args: argparse.Namespace) -> int:
+    """A client command (over the API, run by `tasks.run`, which reports its errors)."""
+    parts = args.task.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise SystemExit(f"minions: expected TEAM/PROJECT/NAME, got {args.task!r}")
+    async with connection.client_from_args(args) as client:
+        await client.delete(*parts)
+    print(f"deleted {args.task}; its input and results go at the next garbage collection")
+    return 0
 
 
 def _team(value: str) -> str:

@@ -488,6 +488,16 @@ def _paths() -> dict[str, Schema]:
                 "summary": "A task and its progress",
                 "responses": _responses(_ok(_ref("Task"), "The task."), _AUTHED, **task_errors),
             },
+            "delete": {
+                "operationId": "deleteTask",
+                "tags": ["tasks"],
+                "summary": "Delete a finished task",
+                "description": "The task and its subtasks go; its input and result objects become garbage, "
+                               "deleted by the garbage collector after `MINIONS_GC_GRACE_S` (which gives the "
+                               "team's input quota its bytes back).",
+                "responses": _responses(_ok(_ref("Ok"), "Deleted."), _AUTHED, **task_errors,
+                                        e409="The task has not ended (`not_finished`): cancel it first."),
+            },
         },
         "/api/v1/tasks/{team}/{project}/{name}/cancel": {
             "parameters": _TASK_PATH,

@@ -114,3 +114,6 @@ SELECT minion_team_input_bytes($1);
 -- name: input_use
 -- $1 the task's team, $2 the input URI, $3 the submitter's token is unscoped, $4 it is an admin's
 SELECT minion_input_use($1, $2, $3, $4);
+
+-- name: delete_task
+SELECT minion_delete_task($1);

@@ -160,6 +160,21 @@ async def cancel_task(request: web.Request) -> web.Response:
     return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
 
 
+@routes.delete("/api/v1/tasks/{team}/{project}/{name}")
+async def delete_task(request: web.Request) -> web.Response:
+    """A finished task goes, with its subtasks; its input and results are garbage from then on (the
+    collector deletes them after the grace period, and the team's input quota gets the room back)."""
+    principal = require(request, "user")
+    row = await _task_row(request, principal)
+    verdict = await request.app[POOL].fetchval(Q.delete_task, row["id"])
+    if verdict == "not_finished":
+        raise conflict("not_finished", f"task is {row['status']}; cancel it first")
+    if verdict == "missing":
+        raise not_found(f"task {row['team']}/{row['project']}/{row['name']}")
+    log.info("task_deleted", task_id=row["id"])
+    return json_response({"status": "ok"})
+
+
 @routes.get("/api/v1/tasks/{team}/{project}/{name}/results")
 async def task_results(request: web.Request) -> web.StreamResponse:
     principal = require(request, "user")
