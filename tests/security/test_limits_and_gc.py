@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import boto3
 import yarl
 
 from minions import jsoncodec
 from minions.db.connect import connect
 from tests.support.factories import make_token
 from tests.support.processes import REPO, Services
+from tests.support.s3 import FAKE_ENV, moto_server
 from tests.support.sleep_executor import SleepExecutor
 from tests.support.waiting import eventually
 
@@ -81,9 +83,9 @@ async def _api_only(database_url: str, tmp_path: Path, **env: str) -> Services:
     return services
 
 
-def _minions(services: Services, *args: str) -> subprocess.CompletedProcess[str]:
+def _minions(services: Services, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MINIONS_DATABASE_URL": services.database_url, "PYTHONPATH": str(REPO),
-           "MINIONS_STORE": services.store_root.as_uri()}
+           "MINIONS_STORE": services.store_root.as_uri(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "minions.cli.main", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
@@ -269,3 +271,38 @@ async def completed_or_fail(check: Any, services: Services) -> Any:
         return await eventually(check, "the task to complete")
     except AssertionError:
         raise AssertionError(services.logs()) from None
+
+
+async def test_gc_on_s3_deletes_unreferenced_uploads_and_aborts_abandoned_multipart_uploads(
+        database_url: str, tmp_path: Path) -> None:
+    bucket = "minions-gc"
+    with moto_server(bucket) as endpoint:
+        env = {**FAKE_ENV, "MINIONS_S3_ENDPOINT_URL": endpoint}
+        services = Services(database_url, tmp_path / "services", store=f"s3://{bucket}/minions", extra_env=env)
+        services.workdir.mkdir(parents=True)
+        services.start("api")
+        try:
+            await services.wait_healthy()
+            tokens = await _tokens(database_url)
+            uploads = f"{services.api_url}/api/v1/inputs"
+            status, unused = await _call(uploads, tokens["alpha"], "POST", data=_jsonl(3000))
+            assert status == 201, unused
+            status, used = await _call(uploads, tokens["alpha"], "POST", data=_jsonl(3000))
+            assert status == 201, used
+            status, task = await _call(f"{services.api_url}/api/v1/tasks", tokens["alpha"], "POST", json={
+                "team": "alpha", "project": "p", "name": "t", "kind": "sleep", "input": {"uri": used["uri"]}})
+            assert status == 201, task
+        finally:
+            services.stop_all()
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        # What an API killed in the middle of a large upload leaves: an unfinished multipart upload.
+        s3.create_multipart_upload(Bucket=bucket, Key="minions/inputs/uploads/killed.jsonl")
+
+        done = _minions(services, "gc", "--gc-grace-s", "0", "--store", f"s3://{bucket}/minions",
+                        "--s3-endpoint-url", endpoint, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "1 partial writes" in done.stdout and "1 inputs" in done.stdout, done.stdout
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="minions/").get("Contents", [])]
+        assert keys == [used["uri"].removeprefix(f"s3://{bucket}/")]  # the one a task reads stays
+        assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
