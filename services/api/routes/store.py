@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.appkeys import SETTINGS, STORE
+from minions.config import Settings
+from minions.services.api.appkeys import STORE
 from minions.services.api.errors import error_response
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, validate_key
@@ -24,7 +25,12 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _UPLOAD_CHUNK = 256 * 1024
 
 
-def add_routes(app: web.Application) -> None:
+# The largest object a signed PUT may store (MINIONS_MAX_OUTPUT_BYTES).
+MAX_PUT_BYTES = web.AppKey("max_put_bytes", int)
+
+
+def add_routes(app: web.Application, max_put_bytes: int = Settings.max_output_bytes) -> None:
+    app[MAX_PUT_BYTES] = max_put_bytes
     # add_get also answers HEAD (a GET-signed URL may ask for the size alone).
     app.router.add_get(ROUTE, get_object)
     app.router.add_put(ROUTE, put_object)
@@ -112,7 +118,7 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     if isinstance(authorized, web.Response):
         return authorized
     store, key = authorized
-    limit = request.app[SETTINGS].max_output_bytes
+    limit = request.app[MAX_PUT_BYTES]
     if request.content_length is not None and request.content_length > limit:
         return _too_large(limit)
     try:
