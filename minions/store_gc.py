@@ -19,7 +19,7 @@ import asyncpg
 
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.store.base import ListedObject, ObjectStore, StoreError
+from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
 from minions.store.factory import open_store
 
 Q = Queries("gc")
@@ -109,7 +109,12 @@ class Collector:
         self._progress(prefix, self.report)
 
     async def _unowned_inputs(self, batch: list[ListedObject]) -> None:
-        by_uri = {self.store.uri_for(found.key): found for found in batch}
+        by_uri = {}
+        for found in batch:
+            try:
+                by_uri[self.store.uri_for(found.key)] = found
+            except InvalidKey:  # a file no key of ours names (put there by hand): not ours to judge
+                continue
         for row in await self.conn.fetch(Q.unowned_inputs, list(by_uri)):
             await self._remove(by_uri[row["uri"]], self.report.inputs)
 

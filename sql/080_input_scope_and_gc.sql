@@ -149,7 +149,8 @@ CREATE FUNCTION minion_gc_outputs(p_keys text[]) RETURNS SETOF text LANGUAGE sql
     WITH parsed AS (
         SELECT k, m[1]::bigint AS task_id, m[2]::integer AS subtask_id, m[4]::uuid AS token
           FROM unnest(p_keys) AS k,
-               regexp_match(k, '^outputs/([0-9]{1,18})/([0-9]{1,9})/([0-9]{1,9})-([0-9a-f-]{36})\.jsonl$') AS m
+               regexp_match(k, '^outputs/([0-9]{1,18})/([0-9]{1,9})/([0-9]{1,9})-'
+                                  '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$') AS m
          WHERE m IS NOT NULL)
     SELECT p.k FROM parsed p
      WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = p.task_id)
