@@ -51,6 +51,16 @@ class Settings:
                                                             "help": "watchdog/splitter safety-net sweep period"})
     listen_probe_s: float = field(default=30.0, metadata={"env": "MINIONS_LISTEN_PROBE_S",
                                                           "help": "liveness probe period of each LISTEN connection"})
+    max_input_bytes: int = field(default=2 * 1024**3, metadata={"env": "MINIONS_MAX_INPUT_BYTES",
+                                                                "help": "largest POST /api/v1/inputs body"})
+    max_output_bytes: int = field(default=256 * 1024**2, metadata={"env": "MINIONS_MAX_OUTPUT_BYTES",
+                                                                   "help": "largest output PUT to a local-store URL"})
+    team_input_quota_bytes: int = field(default=20 * 1024**3, metadata={
+        "env": "MINIONS_TEAM_INPUT_QUOTA_BYTES", "help": "input bytes a team may store (0: no quota)"})
+    gc_grace_s: float = field(default=3600.0, metadata={"env": "MINIONS_GC_GRACE_S",
+                                                        "help": "age before unreferenced objects are garbage"})
+    gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",
+                                                          "help": "watchdog's garbage-collection period (0: off)"})
 
     def validate(self) -> Settings:
         problems = []
@@ -59,6 +69,12 @@ class Settings:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
+        for name in ("max_input_bytes", "max_output_bytes"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{_env(name)} must be > 0")
+        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
+            if getattr(self, name) < 0:
+                problems.append(f"{_env(name)} must be >= 0")
         if self.max_attempts < 1:
             problems.append("MINIONS_MAX_ATTEMPTS must be >= 1")
         if self.lease_timeout_s <= self.heartbeat_interval_s:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minions.cli import admin, tasks, up
+from minions.cli import admin, storage, tasks, up
 
 SERVICES = {
     "api": "minions.services.api.main",
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=f"run the {name} service alone (production); --help for its flags",
                        add_help=False)
     admin.add_parsers(sub)
+    storage.add_parsers(sub)
     tasks.add_parsers(sub)
     try:
         from minions.agents.macos.cli import add_parser as add_agent_parser
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         result: int = module.main(argv[1:])
         return result
     args = build_parser().parse_args(argv)
-    if args.command in ("submit", "status", "wait", "results", "cancel", "executors"):
+    if args.command in ("submit", "status", "wait", "results", "cancel", "executors", "delete"):
         return tasks.run(args)
     if args.command == "agent":
         from minions.agents.macos.cli import run as run_agent

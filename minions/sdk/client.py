@@ -212,6 +212,10 @@ class MinionsClient:
         result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/cancel")
         return result
 
+    async def delete(self, team: str, project: str, name: str) -> None:
+        """Delete a finished task; its input and results are then garbage-collected."""
+        await self._request("DELETE", f"/api/v1/tasks/{team}/{project}/{name}")
+
     async def results(self, team: str, project: str, name: str, *, partial: bool = False
                       ) -> AsyncIterator[bytes]:
         """The results stream, chunk by chunk (JSONL)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 # Keys become file paths (local store) and URL paths (signed URLs) verbatim, so the alphabet is
@@ -38,6 +39,17 @@ def validate_key(key: str) -> str:
         if segment in ("", ".", "..") or not _KEY_SEGMENT.fullmatch(segment):
             raise InvalidKey(f"invalid object key {key!r}: segments of [A-Za-z0-9._-], no '.' or '..'")
     return key
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One thing found under a store prefix, for the garbage collector."""
+
+    key: str  # relative to the store's root; for a partial write, its temp file's path
+    size: int  # bytes (0 when unknown: an S3 multipart upload)
+    modified: float  # unix seconds of the last write (an S3 multipart upload: when it began)
+    partial: bool = False  # an unfinished write: a local temp file, an S3 multipart upload
+    upload_id: str = ""  # S3 multipart upload id
 
 
 class ObjectStore(Protocol):
@@ -79,6 +91,14 @@ class ObjectStore(Protocol):
         ...
 
     async def delete(self, uri: str) -> None:
+        ...
+
+    def scan(self, prefix: str) -> AsyncIterator[ListedObject]:
+        """Every object and partial write under `prefix` (a key prefix ending in '/')."""
+        ...
+
+    async def remove(self, found: ListedObject) -> None:
+        """Delete what `scan` found: an object, or a partial write (temp file, multipart upload)."""
         ...
 
     async def close(self) -> None:

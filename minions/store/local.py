@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import stat
 from collections.abc import AsyncIterator
@@ -20,12 +21,14 @@ from urllib.parse import unquote, urlsplit
 
 from minions.private_files import make_private_dir, open_private
 from minions.store import signing
-from minions.store.base import InvalidKey, ObjectNotFound, StoreError, validate_key
+from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, validate_key
 
 CHUNK_SIZE = 256 * 1024
 # put_stream gathers small incoming chunks (aiohttp hands out a few KiB at a time) into writes of
 # this size, so a large upload costs a few hundred thread hops, not tens of thousands.
 WRITE_BUFFER = 1024 * 1024
+# The temp file of a write in progress (_AtomicFile), or one a killed process left behind.
+PARTIAL_NAME = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
 
 
 class LocalObject:
@@ -166,8 +169,44 @@ class LocalStore:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             await asyncio.to_thread(path.unlink)
 
+    async def scan(self, prefix: str) -> AsyncIterator[ListedObject]:
+        """Depth first, one folder per thread hop: a large store never blocks the event loop."""
+        folders = [self.root / prefix.strip("/")] if prefix.strip("/") else [self.root]
+        while folders:
+            files, subfolders = await asyncio.to_thread(_scan_folder, folders.pop())
+            folders.extend(subfolders)
+            for path, size, modified in files:
+                key = path.relative_to(self.root).as_posix()
+                yield ListedObject(key, size, modified, partial=PARTIAL_NAME.fullmatch(path.name) is not None)
+
+    async def remove(self, found: ListedObject) -> None:
+        if not found.partial:
+            await self.delete(self.uri_for(found.key))
+            return
+        path = self.path_for(found.key)  # validated: no escape from the root
+        if not PARTIAL_NAME.fullmatch(path.name):
+            raise InvalidKey(f"not a partial write of this store: {found.key!r}")
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(path.unlink)
+
     async def close(self) -> None:
         """Nothing to release: files are opened per operation."""
+
+
+def _scan_folder(folder: Path) -> tuple[list[tuple[Path, int, float]], list[Path]]:
+    """Regular files (path, size, mtime) and subfolders of one folder; a missing folder is empty."""
+    files, folders = [], []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    files.append((Path(entry.path), st.st_size, st.st_mtime))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return files, folders
 
 
 def _file_size(path: Path) -> int | None:

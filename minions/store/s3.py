@@ -18,7 +18,7 @@ import aioboto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from minions.store.base import InvalidKey, ObjectNotFound, StoreError, validate_key
+from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, validate_key
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -234,6 +234,38 @@ class S3Store:
             await s3.delete_object(Bucket=bucket, Key=key)
         except (ClientError, BotoCoreError) as e:
             raise StoreError(f"cannot delete {uri}: {e}") from e
+
+    async def scan(self, prefix: str) -> AsyncIterator[ListedObject]:
+        """Objects under the prefix, then its unfinished multipart uploads (invisible, but billed)."""
+        root = f"{self.prefix}/" if self.prefix else ""
+        s3 = await self._s3()
+        try:
+            async for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                            Prefix=root + prefix):
+                for item in page.get("Contents", []):
+                    yield ListedObject(item["Key"][len(root):], int(item["Size"]),
+                                       item["LastModified"].timestamp())
+            async for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                  Prefix=root + prefix):
+                for upload in page.get("Uploads", []):
+                    yield ListedObject(upload["Key"][len(root):], 0, upload["Initiated"].timestamp(),
+                                       partial=True, upload_id=upload["UploadId"])
+        except (ClientError, BotoCoreError) as e:
+            raise StoreError(f"cannot list {self._root_uri}/{prefix}: {e}") from e
+
+    async def remove(self, found: ListedObject) -> None:
+        if not found.partial:
+            await self.delete(self.uri_for(found.key))
+            return
+        s3 = await self._s3()
+        try:
+            await s3.abort_multipart_upload(Bucket=self.bucket, Key=self._object_key(found.key),
+                                            UploadId=found.upload_id)
+        except ClientError as e:
+            if _error_code(e) != "NoSuchUpload":
+                raise StoreError(f"cannot abort an upload of {found.key}: {e}") from e
+        except BotoCoreError as e:
+            raise StoreError(f"cannot abort an upload of {found.key}: {e}") from e
 
     async def close(self) -> None:
         self._client = None

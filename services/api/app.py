@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(tokens.routes)
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
-    store_routes.add_routes(app)
+    store_routes.add_routes(app, settings.max_output_bytes)
     return app
 
 

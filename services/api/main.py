@@ -14,7 +14,8 @@ from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
-            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s")
+            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s",
+            "max_input_bytes", "max_output_bytes", "team_input_quota_bytes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

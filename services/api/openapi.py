@@ -41,7 +41,8 @@ shape, `{"error": {"code", "message", "fields"}}`; a 500 is a bug.
 Not described here: `GET`/`PUT /api/v1/store/{key}`, the local store's signed URLs. They are not
 part of the client API: the server hands them out in leases (`input.url`, `output.url`), and the
 signature in their query string is their only credential, like an S3 presigned URL; a PUT is taken
-only while the lease it was issued for is live (else 403 `lease_ended`). This document
+only while the lease it was issued for is live (else 403 `lease_ended`), and a PUT over
+`MINIONS_MAX_OUTPUT_BYTES`, default 256 MiB, is 413 `too_large` and stores nothing. This document
 itself is served, without a token, at `GET /api/openapi.json`.
 """
 
@@ -209,8 +210,9 @@ def _task_request(kind: str) -> Schema:
                      "properties": {"records": records}},
                     {"type": "object", "required": ["uri"], "not": {"required": ["records"]},
                      "properties": {"uri": {"type": "string", "minLength": 1, "pattern": NOT_BLANK_NO_NUL,
-                                            "description": "An s3:// URI, or one POST /api/v1/inputs "
-                                                           "returned."}}},
+                                            "description": "An upload of the task's team (the uri POST "
+                                                           "/api/v1/inputs returned), or an s3:// URI under a "
+                                                           "prefix allowed for the team."}}},
                 ],
             },
             "subtask_size": _nullable({**_int(1, MAX_SUBTASK_SIZE, "Records per subtask."),
@@ -495,7 +497,10 @@ def _paths() -> dict[str, Schema]:
                     _ok(_ref("Task"), "Submitted (status `submitted`).", "201"),
                     _ok(_ref("Task"), "The same task was submitted before: that task."),
                     _AUTHED, _BODY,
-                    e403="Not a user token (`wrong_role`), or one scoped to another team (`wrong_team`).",
+                    e403="Not a user token (`wrong_role`), or one scoped to another team (`wrong_team`), or "
+                         "an `input.uri` the task's team may not read (`input_not_allowed`): a task reads only "
+                         "its team's uploads and inline inputs, or s3:// prefixes an operator allowed for the "
+                         "team (`minions team allow-input`); nothing is created.",
                     e409="A different task of that name exists (`task_exists`).",
                     e422="Invalid values, each named in `fields`.",
                 ),
@@ -523,6 +528,16 @@ def _paths() -> dict[str, Schema]:
                 "tags": ["tasks"],
                 "summary": "A task and its progress",
                 "responses": _responses(_ok(_ref("Task"), "The task."), _AUTHED, **task_errors),
+            },
+            "delete": {
+                "operationId": "deleteTask",
+                "tags": ["tasks"],
+                "summary": "Delete a finished task",
+                "description": "The task and its subtasks go; its input and result objects become garbage, "
+                               "deleted by the garbage collector after `MINIONS_GC_GRACE_S` (which gives the "
+                               "team's input quota its bytes back).",
+                "responses": _responses(_ok(_ref("Ok"), "Deleted."), _AUTHED, **task_errors,
+                                        e409="The task has not ended (`not_finished`): cancel it first."),
             },
         },
         "/api/v1/tasks/{team}/{project}/{name}/cancel": {
@@ -576,15 +591,24 @@ def _paths() -> dict[str, Schema]:
             "tags": ["tasks"],
             "summary": "Store an input (JSONL) for a later submission",
             "description": "For clients with no object store of their own: submit the returned `uri` as "
-                           "`input.uri`. The records are checked when the task is split.",
+                           "`input.uri`. The records are checked when the task is split. The upload belongs to "
+                           "a team (`team`, else the token's team; an unscoped token naming none makes an upload "
+                           "only unscoped tokens may submit), and only that team's tasks may read it. At most "
+                           "`MINIONS_MAX_INPUT_BYTES` (default 2 GiB), within the team's quota of stored input "
+                           "bytes (`MINIONS_TEAM_INPUT_QUOTA_BYTES`, default 20 GiB). An upload no task reads is "
+                           "deleted after `MINIONS_GC_GRACE_S`.",
+            "parameters": [_query_param("team", _name("team"), "The team the upload is for (default: the "
+                                                               "token's team).")],
             "requestBody": {"required": True, "description": "JSON lines, one input record per line.",
                             "content": {media_type: {"schema": {"type": "string", "minLength": 1}}
                                         for media_type in JSONL_MEDIA_TYPES}},
             "responses": _responses(
                 _ok(_ref("InputUpload"), "Stored.", "201"), _AUTHED,
-                e403="Not a user token (`wrong_role`).",
+                e403="Not a user token (`wrong_role`), or a team the token is not scoped to (`wrong_team`).",
+                e413="Over `MINIONS_MAX_INPUT_BYTES` (`too_large`) or the team's quota (`quota_exceeded`); the "
+                     "limit is in the message and nothing is stored.",
                 e415="The body is not JSONL (`unsupported_media_type`).",
-                e422="The body is empty.",
+                e422="The body is empty, or `team` is not a valid name.",
             ),
         }},
         "/api/v1/executors": {"get": {
@@ -771,7 +795,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                 },
                 "MalformedBody": _error("The body is not a JSON object (`malformed_json`, `malformed_body`)."),
                 "TooLarge": _error("The body is over the server's limit (`too_large`); upload large inputs with "
-                                   "`POST /api/v1/inputs`."),
+                                   "`POST /api/v1/inputs`. Inline records over the team's quota of stored input "
+                                   "bytes: `quota_exceeded`."),
             },
         },
     }

@@ -21,6 +21,8 @@ from minions.db.listen import Listener
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.watchdog.deadlines import Deadlines
+from minions.store.base import StoreError
+from minions.store_gc import GcReport, collect_garbage, open_store_for
 
 Q = Queries("watchdog")
 log = get_logger(__name__)
@@ -44,12 +46,46 @@ class Watchdog:
 
     async def run(self) -> None:
         listening = asyncio.create_task(self.listener.run(), name="watchdog-listen")
+        gc = asyncio.create_task(self._gc_loop(), name="watchdog-gc")
         try:
             await self._judge()
         finally:
-            listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listening
+            for task in (gc, listening):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _gc_loop(self) -> None:
+        """The object store's garbage collection (minions.store_gc), every MINIONS_GC_INTERVAL_S; off
+        without a store or with an interval of 0. A failed sweep is logged and tried again next time."""
+        interval = self.settings.gc_interval_s
+        if not self.settings.store or interval <= 0:
+            log.info("gc_off", reason="no MINIONS_STORE" if not self.settings.store else "interval 0")
+            return
+        while not self._stopping.is_set():
+            await self._sleep(interval)
+            if self._stopping.is_set():
+                return
+            try:
+                report = await self._collect_garbage()
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
+                log.warning("gc_failed", error=str(exc))
+                continue
+            if report.freed_bytes or report.errors:
+                log.info("gc_swept", freed_bytes=report.freed_bytes, inputs=report.inputs.objects,
+                         outputs=report.outputs.objects, partial_writes=report.partials.objects,
+                         errors=report.errors)
+
+    async def _collect_garbage(self) -> GcReport:
+        conn = await connect(self.settings.database_url)
+        try:
+            store = await open_store_for(conn, self.settings.store, self.settings.s3_endpoint_url)
+            try:
+                return await collect_garbage(conn, store, grace_s=self.settings.gc_grace_s)
+            finally:
+                await store.close()
+        finally:
+            await conn.close()
 
     async def _judge(self) -> None:
         backoff = Backoff(max_s=5.0)

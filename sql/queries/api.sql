@@ -129,3 +129,17 @@ ORDER BY e.name;
 -- The dashboards' views judge "online" by the lease timeout the services run with.
 INSERT INTO minion_settings (key, value) VALUES ('lease_timeout_s', $1)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: record_input
+-- $1 uri, $2 team (NULL: an unscoped upload), $3 bytes, $4 token id, $5 the team's quota (0: none)
+SELECT minion_record_input($1, $2, $3, $4, $5);
+
+-- name: team_input_bytes
+SELECT minion_team_input_bytes($1);
+
+-- name: input_use
+-- $1 the task's team, $2 the input URI, $3 the submitter's token is unscoped, $4 it is an admin's
+SELECT minion_input_use($1, $2, $3, $4);
+
+-- name: delete_task
+SELECT minion_delete_task($1);

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from minions import jsoncodec
+from minions.config import Settings
 from minions.services.api.appkeys import OUTPUT_WRITABLE, STORE
 from minions.services.api.errors import error_response
 from minions.store import signing
@@ -28,7 +29,12 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 _UPLOAD_CHUNK = 256 * 1024
 
 
-def add_routes(app: web.Application) -> None:
+# The largest object a signed PUT may store (MINIONS_MAX_OUTPUT_BYTES).
+MAX_PUT_BYTES = web.AppKey("max_put_bytes", int)
+
+
+def add_routes(app: web.Application, max_put_bytes: int = Settings.max_output_bytes) -> None:
+    app[MAX_PUT_BYTES] = max_put_bytes
     # add_get also answers HEAD (a GET-signed URL may ask for the size alone).
     app.router.add_get(ROUTE, get_object)
     app.router.add_put(ROUTE, put_object)
@@ -119,10 +125,15 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     writable = request.app.get(OUTPUT_WRITABLE)
     if writable is None or not await writable(key):
         return _lease_ended()
+    limit = request.app[MAX_PUT_BYTES]
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
     try:
-        uri, size = await store.put_stream(key, _body(request, lambda: writable(key)))
+        uri, size = await store.put_stream(key, _body(request, limit, lambda: writable(key)))
     except _IncompleteBody as e:
         return error_response(400, "incomplete_body", str(e))
+    except _BodyTooLarge:
+        return _too_large(limit)
     except _LeaseEnded:
         return _lease_ended()
     return web.Response(body=jsoncodec.dumps({"uri": uri, "size": size}), content_type="application/json")
@@ -141,13 +152,26 @@ class _IncompleteBody(Exception):
     pass
 
 
-async def _body(request: web.Request, still_writable: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> web.Response:
+    return error_response(413, "too_large", f"the object is over the limit of {limit:,} bytes "
+                                            "(MINIONS_MAX_OUTPUT_BYTES)")
+
+
+async def _body(request: web.Request, limit: int,
+                still_writable: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
     """The request body, refusing (so put_stream discards its temp file) one that ends short of its
-    Content-Length: a dropped upload must never be committed as a truncated object; and one whose
+    Content-Length (a dropped upload must never be committed as a truncated object), that runs past
+    `limit` bytes (nothing over the limit is ever stored, whatever Content-Length said), or whose
     lease ended while it was uploading."""
     received = 0
     async for chunk in request.content.iter_chunked(_UPLOAD_CHUNK):
         received += len(chunk)
+        if received > limit:
+            raise _BodyTooLarge
         yield chunk
     expected = request.content_length
     if expected is not None and received != expected:

@@ -16,6 +16,7 @@ from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
 from minions.redaction import redact
+from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
@@ -59,7 +60,7 @@ async def submit_task(request: web.Request) -> web.Response:
     if existing is not None:
         return await _resubmitted(request, task, existing)
 
-    input_uri = await _store_input(store, task)
+    input_uri = await _store_input(request, principal, task)
     task_id = await pool.fetchval(
         Q.insert_task, task.team, task.project, task.name, task.kind, task.model, task.params,
         task.priority, task.subtask_size, request.app[SETTINGS].max_attempts, input_uri,
@@ -86,11 +87,18 @@ async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -
     return json_response(task_object(row, request.app[STORE]), 200)
 
 
-async def _store_input(store: ObjectStore, task: TaskRequest) -> str:
+async def _store_input(request: web.Request, principal: Principal, task: TaskRequest) -> str:
+    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
     if task.records_jsonl is not None:
         key = f"inputs/{task.team}/{task.project}/{task.name}-{task.request_hash[:16]}.jsonl"
+        # Recorded (within the team's quota) before it is written: a crash in between leaves a
+        # record the garbage collector removes, never an object nobody accounts for.
+        await inputs.record_input(pool, settings, store.uri_for(key), task.team, len(task.records_jsonl),
+                                  principal.token_id)
         return await store.put_bytes(key, task.records_jsonl)
     assert task.input_uri is not None
+    # Scoped to the submitter's team (issue 8): before anything is read or created.
+    await inputs.check_input_use(pool, principal, task.team, task.input_uri)
     if not store.readable(task.input_uri):
         raise invalid({"input.uri": f"not readable by this server's store ({store.root_uri}); "
                                     "upload it with POST /api/v1/inputs or use an s3:// URI"})
@@ -152,6 +160,21 @@ async def cancel_task(request: web.Request) -> web.Response:
                                             "cancelled")
     log.info("task_cancelled", task_id=row["id"])
     return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
+
+
+@routes.delete("/api/v1/tasks/{team}/{project}/{name}")
+async def delete_task(request: web.Request) -> web.Response:
+    """A finished task goes, with its subtasks; its input and results are garbage from then on (the
+    collector deletes them after the grace period, and the team's input quota gets the room back)."""
+    principal = require(request, "user")
+    row = await _task_row(request, principal)
+    verdict = await request.app[POOL].fetchval(Q.delete_task, row["id"])
+    if verdict == "not_finished":
+        raise conflict("not_finished", f"task is {row['status']}; cancel it first")
+    if verdict == "missing":
+        raise not_found(f"task {row['team']}/{row['project']}/{row['name']}")
+    log.info("task_deleted", task_id=row["id"])
+    return json_response({"status": "ok"})
 
 
 @routes.get("/api/v1/tasks/{team}/{project}/{name}/results")
@@ -245,18 +268,25 @@ async def _error_lines(store: ObjectStore, task: Any, start: int, end: int, reas
 
 @routes.post("/api/v1/inputs")
 async def upload_input(request: web.Request) -> web.Response:
-    require(request, "user")
+    principal = require(request, "user")
     if request.content_type not in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
         raise ApiError(415, "unsupported_media_type", "send JSONL with Content-Type: application/x-ndjson")
-    store = request.app[STORE]
+    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
+    team = inputs.upload_team(request, principal)
+    cap, over = await inputs.upload_cap(pool, settings, team, request.content_length)
     key = f"inputs/uploads/{uuid.uuid4().hex}.jsonl"
 
     async def body() -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_chunked(1 << 20):
             yield chunk
 
-    uri, size = await store.put_stream(key, body())
+    uri, size = await store.put_stream(key, inputs.capped(body(), cap, over))
     if size == 0:
         await store.delete(uri)
         raise invalid({"body": "empty input: send at least one JSONL record"})
+    try:
+        await inputs.record_input(pool, settings, uri, team, size, principal.token_id)
+    except inputs.TooLarge:
+        await store.delete(uri)
+        raise
     return json_response({"uri": uri, "bytes": size}, 201)

@@ -1,0 +1,156 @@
+"""Operator commands for stored data: `minions gc` (garbage collection of the object store) and
+`minions team allow-input|disallow-input|inputs` (which S3 prefixes a team's tasks may read)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import asyncpg
+
+from minions import config
+from minions.cli import connection
+from minions.cli.admin import database_url
+from minions.db.connect import connect
+from minions.db.queries import Queries
+from minions.names import is_name
+from minions.store_gc import GcReport, collect_garbage, open_store_for
+
+Q = Queries("inputs")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("gc", help="delete garbage from the object store: unreferenced uploads, "
+                                  "outputs of deleted tasks and lost attempts, partial writes")
+    config.add_arguments(p, ("database_url", "store", "s3_endpoint_url", "gc_grace_s"))
+    p.add_argument("--data-dir", default=None, help="use the database and store of a `minions up` data dir")
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+    p.set_defaults(handler=gc)
+
+    p = sub.add_parser("delete", help="delete a finished task (its input and results are then garbage)")
+    connection.add_arguments(p)
+    p.add_argument("task", help="TEAM/PROJECT/NAME")
+    p.set_defaults(handler=delete)
+
+    team = sub.add_parser("team", help="team settings kept by operators")
+    team_sub = team.add_subparsers(dest="team_command", required=True)
+    for name, handler, text in (
+        ("allow-input", allow_input, "let TEAM's tasks read inputs under an s3:// prefix"),
+        ("disallow-input", disallow_input, "withdraw an allowed s3:// prefix (submitted tasks keep theirs)"),
+    ):
+        p = team_sub.add_parser(name, help=text)
+        config.add_arguments(p, ("database_url",))
+        p.add_argument("--data-dir", default=None)
+        p.add_argument("team")
+        p.add_argument("prefix", help="s3://bucket/prefix")
+        p.set_defaults(handler=handler)
+    p = team_sub.add_parser("inputs", help="TEAM's allowed s3:// prefixes and stored input bytes")
+    config.add_arguments(p, ("database_url", "team_input_quota_bytes"))
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("team")
+    p.set_defaults(handler=team_inputs)
+
+
+def _store_uri(args: argparse.Namespace) -> str:
+    settings = config.from_args(args)
+    uri = settings.store or connection.read_up_json(
+        None if args.data_dir is None else Path(args.data_dir)).get("store", "")
+    if not uri:
+        raise SystemExit("minions: no object store: pass --store, set MINIONS_STORE, "
+                         "or run `minions up` here first")
+    return uri
+
+
+def _print_progress(phase: str, report: GcReport) -> None:
+    line = f"gc [{phase}] {report.summary()}"
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[2K" + line + ("\n" if phase == "done" else ""))
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def gc(args: argparse.Namespace) -> int:
+    settings = config.from_args(args)
+    url, store_uri = database_url(args), _store_uri(args)
+
+    async def run() -> GcReport:
+        conn = await connect(url)
+        try:
+            store = await open_store_for(conn, store_uri, settings.s3_endpoint_url)
+            try:
+                return await collect_garbage(conn, store, grace_s=settings.gc_grace_s, dry_run=args.dry_run,
+                                             progress=_print_progress)
+            finally:
+                await store.close()
+        finally:
+            await conn.close()
+
+    report = asyncio.run(run())
+    print(("dry run: " if args.dry_run else "") + report.summary())
+    return 1 if report.errors else 0
+
+
+async def delete(args: argparse.Namespace) -> int:
+    """A client command (over the API, run by `tasks.run`, which reports its errors)."""
+    parts = args.task.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise SystemExit(f"minions: expected TEAM/PROJECT/NAME, got {args.task!r}")
+    async with connection.client_from_args(args) as client:
+        await client.delete(*parts)
+    print(f"deleted {args.task}; its input and results go at the next garbage collection")
+    return 0
+
+
+def _team(value: str) -> str:
+    if not is_name(value):
+        raise SystemExit(f"minions: {value!r} is not a valid team name")
+    return value
+
+
+async def _one(url: str, query: str, *params: object) -> object:
+    conn = await connect(url)
+    try:
+        return await conn.fetchval(query, *params)
+    finally:
+        await conn.close()
+
+
+def allow_input(args: argparse.Namespace) -> int:
+    team = _team(args.team)
+    try:
+        added = asyncio.run(_one(database_url(args), Q.allow_input, team, args.prefix))
+    except asyncpg.CheckViolationError:
+        raise SystemExit(f"minions: {args.prefix!r} is not an s3://bucket/prefix") from None
+    print(f"team {team} may read {args.prefix}" + ("" if added else " (it already could)"))
+    return 0
+
+
+def disallow_input(args: argparse.Namespace) -> int:
+    team = _team(args.team)
+    removed = asyncio.run(_one(database_url(args), Q.disallow_input, team, args.prefix))
+    print(f"team {team} may no longer read {args.prefix}" if removed else
+          f"minions: {args.prefix} was not allowed for team {team}")
+    return 0 if removed else 1
+
+
+def team_inputs(args: argparse.Namespace) -> int:
+    team = _team(args.team)
+    quota = config.from_args(args).team_input_quota_bytes
+
+    async def run() -> tuple[list[asyncpg.Record], int]:
+        conn = await connect(database_url(args))
+        try:
+            return await conn.fetch(Q.input_prefixes, team), int(await conn.fetchval(Q.team_input_bytes, team))
+        finally:
+            await conn.close()
+
+    prefixes, used = asyncio.run(run())
+    print(f"team {team} stores {used:,} bytes of input" + (f" of its {quota:,}-byte quota" if quota else ""))
+    for row in prefixes:
+        print(f"may read {row['prefix']} (since {row['created_at']:%Y-%m-%d %H:%M})")
+    if not prefixes:
+        print("no s3:// prefixes allowed (its tasks read only its own uploads)")
+    return 0

@@ -1,0 +1,162 @@
+"""Garbage collection of the object store (issue 8, item 5): `minions gc` and the watchdog's sweep.
+
+Garbage, once older than the grace period:
+- inputs no task reads: their ownership records first (the SQL function deletes them under a row
+  lock, so a submission naming one at the same moment either keeps it or is refused), then every
+  object under `inputs/` that nobody owns and no task reads;
+- outputs under `outputs/` of tasks that no longer exist, and attempts that are neither the committed
+  result nor a live lease's; committed results under `results/` (the verified copies) of deleted
+  tasks, and copies no subtask names;
+- partial writes: temp files a killed API left (local store), unfinished multipart uploads (S3).
+The database decides what is garbage; this module only lists the store and deletes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
+from minions.store.factory import open_store
+
+Q = Queries("gc")
+log = get_logger(__name__)
+BATCH = 500
+DRY_RUN_RECORDS = 1_000_000  # a dry run deletes nothing, so it cannot page: one large look
+
+
+@dataclass
+class Tally:
+    objects: int = 0
+    bytes: int = 0
+
+    def add(self, size: int) -> None:
+        self.objects += 1
+        self.bytes += size
+
+
+@dataclass
+class GcReport:
+    dry_run: bool
+    scanned: int = 0
+    inputs: Tally = field(default_factory=Tally)
+    outputs: Tally = field(default_factory=Tally)
+    partials: Tally = field(default_factory=Tally)
+    errors: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        return self.inputs.bytes + self.outputs.bytes + self.partials.bytes
+
+    def summary(self) -> str:
+        verb = "would free" if self.dry_run else "freed"
+        return (f"scanned {self.scanned:,} objects; {verb} {self.freed_bytes:,} bytes: "
+                f"{self.inputs.objects:,} inputs ({self.inputs.bytes:,} B), "
+                f"{self.outputs.objects:,} outputs ({self.outputs.bytes:,} B), "
+                f"{self.partials.objects:,} partial writes ({self.partials.bytes:,} B)"
+                + (f"; {self.errors} could not be deleted (logged)" if self.errors else ""))
+
+
+Progress = Callable[[str, GcReport], None]
+
+
+class Collector:
+    def __init__(self, conn: asyncpg.Connection, store: ObjectStore, *, grace_s: float, dry_run: bool,
+                 progress: Progress | None = None) -> None:
+        self.conn = conn
+        self.store = store
+        self.grace_s = grace_s
+        self.report = GcReport(dry_run)
+        self._progress = progress or (lambda _phase, _report: None)
+        self._now = time.time()
+
+    async def run(self) -> GcReport:
+        await self._stale_records()
+        await self._walk("inputs/", self._unowned_inputs)
+        await self._walk("outputs/", self._garbage_outputs)
+        await self._walk("results/", self._garbage_outputs)
+        self._progress("done", self.report)
+        return self.report
+
+    async def _stale_records(self) -> None:
+        limit = DRY_RUN_RECORDS if self.report.dry_run else BATCH
+        while True:
+            rows = await self.conn.fetch(Q.stale_input_records, self.grace_s, self.report.dry_run, limit)
+            for row in rows:
+                await self._delete_uri(row["uri"], row["bytes"])
+            self._progress("input records", self.report)
+            if self.report.dry_run or not rows:
+                return
+
+    async def _walk(self, prefix: str, judge: Callable[[list[ListedObject]], Awaitable[None]]) -> None:
+        batch: list[ListedObject] = []
+        async for found in self.store.scan(prefix):
+            self.report.scanned += 1
+            if self._now - found.modified < self.grace_s:
+                continue
+            if found.partial:
+                await self._remove(found, self.report.partials)
+                continue
+            batch.append(found)
+            if len(batch) >= BATCH:
+                await judge(batch)
+                batch = []
+                self._progress(prefix, self.report)
+        if batch:
+            await judge(batch)
+        self._progress(prefix, self.report)
+
+    async def _unowned_inputs(self, batch: list[ListedObject]) -> None:
+        by_uri = {}
+        for found in batch:
+            try:
+                by_uri[self.store.uri_for(found.key)] = found
+            except InvalidKey:  # a file no key of ours names (put there by hand): not ours to judge
+                continue
+        for row in await self.conn.fetch(Q.unowned_inputs, list(by_uri)):
+            await self._remove(by_uri[row["uri"]], self.report.inputs)
+
+    async def _garbage_outputs(self, batch: list[ListedObject]) -> None:
+        by_key = {found.key: found for found in batch}
+        for row in await self.conn.fetch(Q.garbage_outputs, list(by_key)):
+            await self._remove(by_key[row["key"]], self.report.outputs)
+
+    async def _delete_uri(self, uri: str, size: int) -> None:
+        if not self.store.readable(uri):
+            return  # recorded under another store root (the store moved): not ours to delete
+        self.report.inputs.add(size)
+        if self.report.dry_run:
+            return
+        try:
+            await self.store.delete(uri)
+        except StoreError as exc:
+            self.report.errors += 1
+            log.warning("gc_delete_failed", uri=uri, error=str(exc))
+
+    async def _remove(self, found: ListedObject, tally: Tally) -> None:
+        tally.add(found.size)
+        if self.report.dry_run:
+            return
+        try:
+            await self.store.remove(found)
+        except StoreError as exc:
+            self.report.errors += 1
+            log.warning("gc_delete_failed", key=found.key, error=str(exc))
+
+
+async def collect_garbage(conn: asyncpg.Connection, store: ObjectStore, *, grace_s: float, dry_run: bool = False,
+                          progress: Progress | None = None) -> GcReport:
+    """One garbage collection of `store`; what it found (and, unless `dry_run`, deleted)."""
+    return await Collector(conn, store, grace_s=grace_s, dry_run=dry_run, progress=progress).run()
+
+
+async def open_store_for(conn: asyncpg.Connection, store_uri: str, s3_endpoint_url: str = "") -> ObjectStore:
+    """The configured store, opened to list and delete (the local store's signing key is the
+    database's, as in the API; no URL is signed here)."""
+    signing_key: str = await conn.fetchval(Q.store_signing_key)
+    return open_store(store_uri, signing_key=signing_key, base_url="http://127.0.0.1",
+                      s3_endpoint_url=s3_endpoint_url)
