@@ -4,7 +4,7 @@
 
 Each run submits a fresh task whose body is MB megabytes of sleep records ({"id":"r0000001","ms":0},
 25 bytes each: the worst case for per-record overhead) and reads, from /proc/<api pid>/status, the
-RSS before (after a 2 MB warm-up submission), the high-water mark after, and the RSS 10 s later.
+RSS before (after a 2 MB warm-up submission), the high-water mark after (reset before each run), and the RSS 10 s later.
 Medians of the runs are printed as a Markdown table row (peak and retained growth over the baseline,
 as multiples of the body too, and the request's wall time).
 
@@ -57,6 +57,11 @@ def status_bytes(pid: int, field: str) -> int:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
+def reset_peak(pid: int) -> None:
+    """Start VmHWM afresh at the current RSS (Linux: "5" to clear_refs), so each run's peak is its own."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def sleep_body(name: str, size: int) -> bytes:
     head = jsoncodec.dumps({"team": "bench", "project": "inline", "name": name, "kind": "sleep"})[:-1]
     records = b",".join(b'{"id":"r%07d","ms":0}' % i for i in range(size // 25))
@@ -91,6 +96,7 @@ async def measure(label: str, pythonpath: Path, database_url: str, token: str, s
             body = sleep_body(f"{label}-{run}", size)
             await asyncio.sleep(2)
             baseline = status_bytes(api.pid, "VmRSS")
+            reset_peak(api.pid)
             started = time.monotonic()
             await post(url, token, body)
             seconds = time.monotonic() - started
