@@ -62,9 +62,23 @@ class Settings:
     gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",
                                                           "help": "watchdog's garbage-collection period (0: off)"})
 
+    # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
+    header_timeout_s: float = field(default=10.0, metadata={"env": "MINIONS_HEADER_TIMEOUT_S",
+                                                            "help": "a new connection's request headers must "
+                                                                    "arrive within this"})
+    body_timeout_s: float = field(default=30.0, metadata={"env": "MINIONS_BODY_TIMEOUT_S",
+                                                          "help": "grace before a request body must arrive at "
+                                                                  "MINIONS_BODY_MIN_RATE (else 408)"})
+    body_min_rate: float = field(default=1024.0, metadata={"env": "MINIONS_BODY_MIN_RATE",
+                                                           "help": "slowest request body accepted, bytes/s"})
+    max_connections_per_ip: int = field(default=256, metadata={"env": "MINIONS_MAX_CONNECTIONS_PER_IP",
+                                                               "help": "open connections one address may hold "
+                                                                       "(more: 429)"})
+
     def validate(self) -> Settings:
         problems = []
-        for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s", "listen_probe_s"):
+        for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s", "listen_probe_s",
+                     "header_timeout_s", "body_timeout_s", "body_min_rate", "max_connections_per_ip"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:

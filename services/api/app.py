@@ -22,6 +22,7 @@ from minions.services.api.routes import executors, health, leases, subtasks, tas
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
+from minions.services.api.slow_clients import ClientLimits, body_deadline
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
 
@@ -33,7 +34,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_middleware, auth_middleware])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
+        errors_middleware, body_deadline(ClientLimits.from_settings(settings)), auth_middleware])
     app[SETTINGS] = settings
     app[TOKENS] = TokenCache()
     app.cleanup_ctx.append(_database)

@@ -98,7 +98,13 @@ async def authenticate(request: web.Request, cache: TokenCache, pool: asyncpg.Po
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
                        headers={"WWW-Authenticate": "Bearer"})
-    principal = await cache.lookup(pool, token.strip())
+    token = token.strip()
+    if not (token.isascii() and token.isprintable()):
+        # Tokens are ASCII; other bytes (an undecodable header arrives as surrogates) would break
+        # the hashing below: no such token exists.
+        raise ApiError(401, "unauthorized", "malformed bearer token: tokens are printable ASCII",
+                       headers={"WWW-Authenticate": "Bearer"})
+    principal = await cache.lookup(pool, token)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     return principal

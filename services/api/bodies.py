@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +31,33 @@ async def json_object(request: web.Request, *, optional: bool = False) -> dict[s
         raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object")
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        # Deeper values break recursive code downstream (a RecursionError, orjson's 255-level
+        # limit on writing jsonb): refused here, for every JSON body at once.
+        raise bad_request(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "too_deep")
     return value
+
+
+MAX_JSON_DEPTH = 64  # no body of the API needs more; orjson writes at most 255
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` has arrays/objects nested more than `limit` levels (iterative: no recursion
+    to overflow)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[Any]
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 # PostgreSQL text and jsonb cannot hold U+0000. Values that name or define things are refused with

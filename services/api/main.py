@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 
 from aiohttp import web
+from aiohttp.log import access_logger
 
 from minions import config
 from minions.logging import configure, get_logger
 from minions.runtime import install_uvloop
 from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import create_app
+from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
             "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s",
-            "max_input_bytes", "max_output_bytes", "team_input_quota_bytes")
+            "max_input_bytes", "max_output_bytes", "team_input_quota_bytes", "header_timeout_s",
+            "body_timeout_s", "body_min_rate", "max_connections_per_ip")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +35,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     install_uvloop()
     get_logger(__name__).info("api_starting", host=settings.host, port=settings.port)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                access_log_class=AccessLogger, shutdown_timeout=5)
+    asyncio.run(serve(settings))
     return 0
+
+
+async def serve(settings: config.Settings) -> None:
+    """web.run_app's job, with a runner whose server limits slow clients (slow_clients.py)."""
+    runner = GuardedAppRunner(create_app(settings), limits=ClientLimits.from_settings(settings),
+                              access_log_class=AccessLogger, access_log=access_logger,
+                              keepalive_timeout=KEEPALIVE_S, shutdown_timeout=5)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

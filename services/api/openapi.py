@@ -86,6 +86,7 @@ _AUTHED = {
 }
 _BODY = {  # operations that read a JSON body
     "400": {"$ref": "#/components/responses/MalformedBody"},
+    "408": {"$ref": "#/components/responses/RequestTimeout"},
     "413": {"$ref": "#/components/responses/TooLarge"},
 }
 
@@ -793,7 +794,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                              "seconds."),
                     "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 0}, "required": True}},
                 },
-                "MalformedBody": _error("The body is not a JSON object (`malformed_json`, `malformed_body`)."),
+                "MalformedBody": _error("The body is not a JSON object (`malformed_json`, `malformed_body`), or "
+                                        "is nested more than 64 levels deep (`too_deep`)."),
+                "RequestTimeout": _error("The body stopped arriving (`request_timeout`): slower than "
+                                         "`MINIONS_BODY_MIN_RATE` after `MINIONS_BODY_TIMEOUT_S`."),
                 "TooLarge": _error("The body is over the server's limit (`too_large`); upload large inputs with "
                                    "`POST /api/v1/inputs`. Inline records over the team's quota of stored input "
                                    "bytes: `quota_exceeded`."),

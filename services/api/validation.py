@@ -8,9 +8,10 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.names import NAME, NAME_RULE
-from minions.records import KINDS, check_record
+from minions.records import KINDS
 from minions.services.api.bodies import NUL_RULE, nul_path
-from minions.services.api.errors import invalid
+from minions.services.api.errors import bad_request, invalid
+from minions.services.api.inline_records import MalformedRecords, SpooledRecords, scan_records
 
 DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
 MAX_SUBTASK_SIZE = 100_000
@@ -54,13 +55,16 @@ class TaskRequest:
     params: dict[str, Any]
     priority: int
     subtask_size: int
-    records_jsonl: bytes | None  # inline records, as the JSONL the store will hold
+    records: SpooledRecords | None  # inline records, as the JSONL the store will hold
     input_uri: str | None
     request_hash: str
 
 
-def validate_task(body: dict[str, Any]) -> TaskRequest:
-    errors: dict[str, str] = {}
+def validate_task(body: dict[str, Any], records: memoryview | None = None,
+                  read_errors: dict[str, str] | None = None) -> TaskRequest:
+    """`body` is the submission without input.records; `records` is that array still encoded
+    (streamed, never decoded whole). Blocking for large inputs: run it in a thread."""
+    errors: dict[str, str] = dict(read_errors or {})
     for key in ("team", "project", "name"):
         value = body.get(key)
         if not isinstance(value, str) or not NAME.match(value):
@@ -97,7 +101,16 @@ def validate_task(body: dict[str, Any]) -> TaskRequest:
     if (problem := _int_between(subtask_size, 1, MAX_SUBTASK_SIZE)) is not None:
         errors["subtask_size"] = problem
 
-    records_jsonl, input_uri = _validate_input(body.get("input"), kind, errors)
+    # The fingerprint's prefix is known before the records: they are hashed as they stream by.
+    fingerprint = hashlib.sha256()
+    input_uri = _validate_input(body.get("input"), errors)
+    fingerprint.update(jsoncodec.dumps([kind, model, params, priority, subtask_size, input_uri]))
+    spooled = None
+    if records is not None and "input" not in errors:
+        if not _is_nonempty_list(records):
+            errors["input.records"] = "must be a non-empty list of records"
+        elif kind in KINDS:
+            spooled = _scan(records, str(kind), fingerprint, errors)
     raw_input = body.get("input")
     stored = {"model": body.get("model"), "params": body.get("params"),
               "input.uri": raw_input.get("uri") if isinstance(raw_input, dict) else None}
@@ -109,53 +122,48 @@ def validate_task(body: dict[str, Any]) -> TaskRequest:
     for key in sorted(unknown):
         errors[key] = "unknown field"
     if errors:
+        if spooled is not None:
+            spooled.close()
         raise invalid(errors, f"{len(errors)} invalid field(s): " + ", ".join(list(errors)[:5]))
 
     assert isinstance(kind, str) and isinstance(model, str) and isinstance(params, dict)
-    fingerprint = hashlib.sha256()
-    fingerprint.update(jsoncodec.dumps([kind, model, params, priority, subtask_size, input_uri]))
-    if records_jsonl is not None:
-        fingerprint.update(records_jsonl)
     return TaskRequest(
         team=body["team"], project=body["project"], name=body["name"], kind=kind, model=model.strip(),
-        params=params, priority=priority, subtask_size=subtask_size, records_jsonl=records_jsonl,
+        params=params, priority=priority, subtask_size=subtask_size, records=spooled,
         input_uri=input_uri, request_hash=fingerprint.hexdigest(),
     )
 
 
-def _validate_input(value: Any, kind: Any, errors: dict[str, str]) -> tuple[bytes | None, str | None]:
+def _validate_input(value: Any, errors: dict[str, str]) -> str | None:
+    """The input's uri (None for inline records, which `_scan` checks)."""
     if not isinstance(value, dict) or (("records" in value) == ("uri" in value)):
         errors["input"] = "required: an object with either \"records\" (a list) or \"uri\" (a string)"
-        return None, None
+        return None
     if "uri" in value:
         uri = value["uri"]
         if not isinstance(uri, str) or not uri.strip():
             errors["input.uri"] = "must be a non-empty string"
-            return None, None
-        return None, uri.strip()
-    records = value["records"]
-    if not isinstance(records, list) or not records:
-        errors["input.records"] = "must be a non-empty list of records"
-        return None, None
-    if kind not in KINDS:
-        return None, None
-    lines = []
-    seen: dict[str, int] = {}
-    problems = 0
-    for i, record in enumerate(records):
-        problem = check_record(kind, record)
-        if problem is None:
-            key = jsoncodec.dumps_str(record["id"])
-            if key in seen:
-                problem = f"duplicate id {key} (first at index {seen[key]})"
-            else:
-                seen[key] = i
-        if problem is not None:
-            problems += 1
-            if problems <= MAX_FIELD_ERRORS:
-                errors[f"input.records[{i}]"] = problem
-            continue
-        lines.append(jsoncodec.dumps_line(record))
-    if problems > MAX_FIELD_ERRORS:
-        errors["input.records"] = f"{problems} invalid records; the first {MAX_FIELD_ERRORS} are listed"
-    return b"".join(lines), None
+            return None
+        return uri.strip()
+    return None
+
+
+def _is_nonempty_list(encoded: memoryview) -> bool:
+    if bytes(encoded[:1]) != b"[":
+        return False
+    for byte in encoded[1:]:  # stops at the first element (or the closing bracket)
+        if byte not in b" \t\r\n":
+            return bool(byte != ord("]"))
+    return False
+
+
+def _scan(records: memoryview, kind: str, fingerprint: Any, errors: dict[str, str]) -> SpooledRecords | None:
+    try:
+        scan = scan_records(kind, records, fingerprint, MAX_FIELD_ERRORS)
+    except MalformedRecords as exc:
+        raise bad_request(f"input.records is not valid JSON: {exc}", "malformed_json") from None
+    for index, problem in scan.problems.items():
+        errors[f"input.records[{index}]"] = problem
+    if scan.problem_count > MAX_FIELD_ERRORS:
+        errors["input.records"] = f"{scan.problem_count} invalid records; the first {MAX_FIELD_ERRORS} are listed"
+    return scan.records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -19,10 +20,12 @@ from minions.redaction import redact
 from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import json_object, query_int
+from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
+from minions.services.api.inline_records import SpooledRecords
 from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
+from minions.services.api.submission_body import THREAD_ABOVE, read_submission
 from minions.services.api.validation import TaskRequest, validate_task
 from minions.services.api.verified_output import ResultCorrupted, read_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
@@ -48,10 +51,23 @@ async def _task_row(request: web.Request, principal: Principal) -> Any:
 @routes.post("/api/v1/tasks")
 async def submit_task(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    body = await json_object(request)
+    submission = await read_submission(request, request.app._client_max_size)
+    # Authorize before the records are looked at: a token of another team costs us one read.
+    team = submission.fields.get("team")
+    if isinstance(team, str) and NAME.match(team) and not principal.can_see_team(team):
+        raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
     # Up to 64 MiB of inline records: validated in a thread so claims and heartbeats keep flowing.
-    task = await asyncio.to_thread(validate_task, body) if request.content_length and \
-        request.content_length > 1 << 20 else validate_task(body)
+    validate = functools.partial(validate_task, submission.fields, submission.records, submission.errors)
+    big = submission.records is not None and len(submission.records) > THREAD_ABOVE
+    task = await asyncio.to_thread(validate) if big else validate()
+    try:
+        return await _submit(request, principal, task)
+    finally:
+        if task.records is not None:
+            task.records.close()
+
+
+async def _submit(request: web.Request, principal: Principal, task: TaskRequest) -> web.Response:
     if not principal.can_see_team(task.team):
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
     pool, store = request.app[POOL], request.app[STORE]
@@ -68,7 +84,7 @@ async def submit_task(request: web.Request) -> web.Response:
     )
     if task_id is None:  # lost a race for the name: answered like a re-submission
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
-        if task.records_jsonl is not None and existing["request_hash"] != task.request_hash:
+        if task.records is not None and existing["request_hash"] != task.request_hash:
             # Only a different body's input is ours alone to remove: an identical body wrote the very
             # object (keyed by its hash) that the winning task reads.
             await store.delete(input_uri)
@@ -89,13 +105,14 @@ async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -
 
 async def _store_input(request: web.Request, principal: Principal, task: TaskRequest) -> str:
     pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
-    if task.records_jsonl is not None:
+    if task.records is not None:
         key = f"inputs/{task.team}/{task.project}/{task.name}-{task.request_hash[:16]}.jsonl"
         # Recorded (within the team's quota) before it is written: a crash in between leaves a
         # record the garbage collector removes, never an object nobody accounts for.
-        await inputs.record_input(pool, settings, store.uri_for(key), task.team, len(task.records_jsonl),
+        await inputs.record_input(pool, settings, store.uri_for(key), task.team, task.records.size,
                                   principal.token_id)
-        return await store.put_bytes(key, task.records_jsonl)
+        uri, _ = await store.put_stream(key, _spooled_chunks(task.records))
+        return uri
     assert task.input_uri is not None
     # Scoped to the submitter's team (issue 8): before anything is read or created.
     await inputs.check_input_use(pool, principal, task.team, task.input_uri)
@@ -109,6 +126,12 @@ async def _store_input(request: web.Request, principal: Principal, task: TaskReq
     if size is None:
         raise invalid({"input.uri": "no such object"})
     return task.input_uri
+
+
+async def _spooled_chunks(records: SpooledRecords) -> AsyncIterator[bytes]:
+    chunks = records.chunks()
+    while (chunk := await asyncio.to_thread(next, chunks, b"")) != b"":
+        yield chunk
 
 
 @routes.get("/api/v1/tasks")
