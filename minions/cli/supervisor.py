@@ -27,6 +27,7 @@ class Child:
     restarts: int = 0
     stopping: bool = False
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    pass_fds: tuple[int, ...] = ()  # descriptors the child inherits (the API's listening socket)
 
 
 class Supervisor:
@@ -36,10 +37,11 @@ class Supervisor:
         self._stopping = False
         self._watchers: list[asyncio.Task[None]] = []
 
-    async def start(self, name: str, module: str, args: list[str], env: dict[str, str]) -> Child:
+    async def start(self, name: str, module: str, args: list[str], env: dict[str, str],
+                    pass_fds: tuple[int, ...] = ()) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         child = Child(name, [sys.executable, "-m", module, *args], {**os.environ, **env},
-                      self.log_dir / f"{name}.log")
+                      self.log_dir / f"{name}.log", pass_fds=pass_fds)
         self.children[name] = child
         await self._spawn(child)
         self._watchers.append(asyncio.create_task(self._watch(child), name=f"watch-{name}"))
@@ -49,7 +51,7 @@ class Supervisor:
         child.log_file = child.log_path.open("ab")
         child.process = await asyncio.create_subprocess_exec(
             *child.argv, env=child.env, stdout=child.log_file, stderr=child.log_file,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=child.pass_fds,
         )
 
     async def _watch(self, child: Child) -> None:

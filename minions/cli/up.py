@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from minions import config, jsoncodec
+from minions.cli import connection
 from minions.cli.admin import create_token
+from minions.cli.instance import DataDirLock, InstanceError, bind_listener
 from minions.cli.supervisor import Supervisor
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
@@ -44,12 +46,26 @@ def run(args: argparse.Namespace) -> int:
     settings = config.from_args(args)
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
-    return asyncio.run(_up(args, settings))
-
-
-async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
     data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (once, before anything runs)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Before anything starts: a second `minions up` on this data dir (or on a taken port) must not
+    # touch the first one's database, services or up.json.
+    lock = DataDirLock(data_dir)
+    try:
+        lock.acquire(f"http://{_host(settings.host)}:{settings.port}")
+        listener = bind_listener(settings.host, settings.port)
+    except InstanceError as exc:
+        lock.release()
+        print(f"minions up: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_up(args, settings, data_dir, listener.fileno()))
+    finally:
+        listener.close()
+        lock.release()
+
+
+async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Path, listen_fd: int) -> int:
     pg: EmbeddedPostgres | None = None
     database_url = settings.database_url
     if not database_url:
@@ -69,7 +85,9 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         api_url = f"http://{_host(settings.host)}:{settings.port}"
         env = _service_env(settings, database_url, store, api_url)
 
-        await supervisor.start("api", "minions.services.api", [], env)
+        # The API serves the socket bound above (restarts included): see instance.bind_listener.
+        await supervisor.start("api", "minions.services.api", [], {**env, "MINIONS_LISTEN_FD": str(listen_fd)},
+                               pass_fds=(listen_fd,))
         await supervisor.start("splitter", "minions.services.splitter", [], env)
         await supervisor.start("watchdog", "minions.services.watchdog", [], env)
         await _wait_healthy(api_url, supervisor)
@@ -83,6 +101,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
 
         info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}
         _write_json(data_dir / "up.json", info)
+        # Also where clients look from any folder (XDG state dir): the latest `minions up` wins.
+        connection.publish_up_json(data_dir, info)
         print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
@@ -95,6 +115,7 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         return 0
     finally:
         print("stopping ...", flush=True)
+        connection.withdraw_up_json(data_dir)
         # Agents first, together (each hands back its lease), then the services one by one.
         await supervisor.stop_children([n for n in supervisor.children if n.startswith("agent-")])
         await supervisor.stop()
