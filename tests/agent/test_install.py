@@ -41,7 +41,7 @@ def test_systemd_unit(tmp_path: Path) -> None:
     unit_path, unit, _ = steps.files[1]
     assert unit_path == tmp_path / ".config/systemd/user/minions-agent.service"
     assert "Restart=on-failure" in unit and "WantedBy=default.target" in unit
-    assert "-m agents.macos --config" in unit and "s3cret" not in unit
+    assert "-m minions.agents.macos --config" in unit and "s3cret" not in unit
     assert steps.activate is None and "systemctl --user enable --now minions-agent.service" in steps.hint
 
 
