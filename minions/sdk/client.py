@@ -92,8 +92,11 @@ class MinionsClient:
             async for chunk in resp.content.iter_chunked(1 << 16):
                 yield chunk
 
-    async def upload_input(self, chunks: AsyncIterator[bytes] | bytes) -> str:
+    async def upload_input(self, chunks: AsyncIterator[bytes] | bytes, *, sha256: str | None = None) -> str:
+        """Upload JSONL; with `sha256` (of the whole body) it is stored under that hash, so the same
+        bytes give the same URI (and the server skips an upload it already has)."""
         result = await self._request("POST", "/api/v1/inputs", data=chunks,
+                                     params={"sha256": sha256} if sha256 else None,
                                      headers={"Content-Type": "application/x-ndjson"})
         uri: str = result["uri"]
         return uri

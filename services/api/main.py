@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+from typing import Any
 
 from aiohttp import web
 
 from minions import config
 from minions.logging import configure, get_logger
 from minions.runtime import install_uvloop
-from minions.services.api.app import create_app
+from minions.services.api.app import SchemaMissing, create_app
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
             "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor")
@@ -28,8 +31,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     install_uvloop()
     get_logger(__name__).info("api_starting", host=settings.host, port=settings.port)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                access_log=None, shutdown_timeout=5)
+    # Under `minions up` the port is bound by the parent and handed over (MINIONS_LISTEN_FD), so this
+    # process serves exactly the socket `minions up` checked and holds; alone, it binds host:port.
+    listen_fd = os.environ.get("MINIONS_LISTEN_FD")
+    where: dict[str, Any] = ({"sock": socket.socket(fileno=int(listen_fd))} if listen_fd
+                             else {"host": settings.host, "port": settings.port})
+    try:
+        web.run_app(create_app(settings), **where, print=None, access_log=None, shutdown_timeout=5)
+    except SchemaMissing as exc:
+        print(f"minions api: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

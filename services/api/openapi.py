@@ -337,6 +337,11 @@ def _response_schemas() -> dict[str, Schema]:
             "finished_at": _timestamp(nullable=True),
             "output_uri": _nullable({"type": "string", "description": "Where the results are, once finished."}),
             "error": _nullable({"type": "string"}),
+            "warnings": {"type": "array", "description": "What keeps an unfinished task from progressing that it "
+                                                         "cannot fix itself; empty when nothing does. `unservable`: "
+                                                         "no online executor serves its kind and model.",
+                         "items": _object({"code": {"type": "string", "enum": ["unservable"]},
+                                           "message": {"type": "string"}})},
         }),
         "TaskList": _object({
             "tasks": {"type": "array", "items": _ref("Task")},
@@ -535,15 +540,21 @@ def _paths() -> dict[str, Schema]:
             "tags": ["tasks"],
             "summary": "Store an input (JSONL) for a later submission",
             "description": "For clients with no object store of their own: submit the returned `uri` as "
-                           "`input.uri`. The records are checked when the task is split.",
+                           "`input.uri`. The records are checked when the task is split. With `sha256` the "
+                           "input is stored under that hash: the same bytes give the same `uri` (200 when the "
+                           "server already has them, without writing them again).",
+            "parameters": [_query_param("sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                                        "The body's SHA-256 (lowercase hex): store it content-addressed; a body "
+                                        "that does not match is refused (422) and nothing is stored.")],
             "requestBody": {"required": True, "description": "JSON lines, one input record per line.",
                             "content": {media_type: {"schema": {"type": "string", "minLength": 1}}
                                         for media_type in JSONL_MEDIA_TYPES}},
             "responses": _responses(
-                _ok(_ref("InputUpload"), "Stored.", "201"), _AUTHED,
+                _ok(_ref("InputUpload"), "Stored.", "201"),
+                _ok(_ref("InputUpload"), "Already stored under this `sha256`: the same `uri`."), _AUTHED,
                 e403="Not a user token (`wrong_role`).",
                 e415="The body is not JSONL (`unsupported_media_type`).",
-                e422="The body is empty.",
+                e422="The body is empty, or does not match `sha256`.",
             ),
         }},
         "/api/v1/executors": {"get": {
