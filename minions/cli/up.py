@@ -34,10 +34,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="state folder: database, store, logs, up.json (default ./.minions)")
     p.add_argument("--executors", type=int, default=0, help="local agents to start (default 0)")
     p.add_argument("--executor-arg", action="append", default=[],
-                   help="extra argument for each local agent (repeatable)")
+                   help="extra argument for each local agent (repeatable), e.g. --executor-arg=--kind=sleep")
     p.add_argument("--sample", action="store_true",
                    help="submit a sample embedding task, wait for it, print results, then stop")
-    p.add_argument("--sample-records", type=int, default=300)
+    p.add_argument("--sample-records", type=int, default=300, help="sentences in the --sample task")
     p.set_defaults(handler=run)
 
 
