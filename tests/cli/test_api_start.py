@@ -24,7 +24,8 @@ def _api(database_url: str, store: Path, extra_env: dict[str, str]) -> subproces
                           env=env, capture_output=True, text=True, timeout=90, check=False)
 
 
-async def test_an_unmigrated_database_is_named_not_waited_for(databases: test_database.TestDatabases, tmp_path: Path) -> None:
+async def test_an_unmigrated_database_is_named_not_waited_for(
+        databases: test_database.TestDatabases, tmp_path: Path) -> None:
     name = f"empty_{uuid.uuid4().hex[:8]}"
     conn = await asyncpg.connect(databases.admin_url)
     await conn.execute(f"CREATE DATABASE {name}")
