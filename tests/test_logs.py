@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,8 +19,7 @@ from minions.sdk import MinionsClient
 from minions.testing.agents import AgentFleet
 from minions.testing.factories import make_tokens
 from minions.testing.processes import Services
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
 
 SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}

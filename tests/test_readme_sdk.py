@@ -16,8 +16,7 @@ from minions.sample import embedding_records
 from minions.testing.agents import AgentFleet
 from minions.testing.factories import make_tokens
 from minions.testing.processes import Services
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
 
 
 def readme_pipeline() -> str:

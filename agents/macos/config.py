@@ -1,7 +1,8 @@
 """The agent's configuration: defaults < TOML file < environment < command-line flags.
 
-The TOML file (`--config`, default ~/.config/minions/agent.toml when it exists) uses the same names
-as the dataclass fields; preferences use the `--prefer` syntax, policy toggles sit under [policy]:
+The TOML file (`--config`, default $XDG_CONFIG_HOME/minions/agent.toml, else
+~/.config/minions/agent.toml, when it exists) uses the same names as the dataclass fields;
+preferences use the `--prefer` syntax, policy toggles sit under [policy]:
 
     api_url = "https://minions.example.com"
     token = "..."
@@ -29,7 +30,21 @@ from minions import jsoncodec
 
 KINDS = ("embedding", "completion", "sleep")
 COMPLETION_BACKENDS = ("ollama", "transformers")
-DEFAULT_CONFIG_PATH = Path("~/.config/minions/agent.toml")
+DEFAULT_CONFIG_PATH = Path("~/.config/minions/agent.toml")  # where XDG_CONFIG_HOME is unset
+
+
+def config_home(home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_CONFIG_HOME (the XDG base-directory rule: used when absolute), else ~/.config; on Linux
+    and macOS alike, so the agent's file is where a Unix user looks for it."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg)
+    return (home or Path.home()) / ".config"
+
+
+def default_config_path(home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    return config_home(home, environ) / "minions" / "agent.toml"
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 # API.md's name rule for team, project and task name.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -141,7 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     value given to its parent)."""
     s = argparse.SUPPRESS
     add = parser.add_argument
-    add("--config", default=s, metavar="PATH", help=f"TOML config file (default {DEFAULT_CONFIG_PATH})")
+    add("--config", default=s, metavar="PATH",
+        help=f"TOML config file (default: $XDG_CONFIG_HOME/minions/agent.toml, else {DEFAULT_CONFIG_PATH})")
     add("--api-url", default=s, help="API URL (env MINIONS_API_URL)")
     add("--token", default=s, help="executor token (env MINIONS_TOKEN)")
     add("--name", default=s, help="executor name (default: host name)")
@@ -242,7 +258,7 @@ def _strings(value: Any, key: str) -> list[str]:
 
 def _file_values(path: str | None) -> dict[str, Any]:
     if path is None:
-        default = DEFAULT_CONFIG_PATH.expanduser()
+        default = default_config_path()
         if not default.exists():
             return {}
         file = default

@@ -15,7 +15,7 @@ from pathlib import Path
 from string import Template
 from xml.sax.saxutils import escape
 
-from minions.agents.macos.config import DEFAULT_CONFIG_PATH, AgentConfig, to_toml
+from minions.agents.macos.config import AgentConfig, config_home, default_config_path, to_toml
 from minions.private_files import DIR_MODE, make_private_dir, tighten
 
 LABEL = "com.minions.agent"
@@ -77,7 +77,7 @@ def plan(
     process_type: str = "Adaptive",
 ) -> InstallPlan:
     home = home or Path.home()
-    config_path = home / DEFAULT_CONFIG_PATH.relative_to("~")
+    config_path = default_config_path(home)
     config_file = (config_path, to_toml(config), 0o600)
     if (system or platform.system()) == "Darwin":
         plist = home / "Library" / "LaunchAgents" / f"{LABEL}.plist"
@@ -87,7 +87,7 @@ def plan(
             hint=f"The agent starts at login; logs: {home}/Library/Logs/minions/. Stop it with "
             f"`launchctl unload -w {plist}`.",
         )
-    unit = home / ".config" / "systemd" / "user" / SYSTEMD_UNIT
+    unit = config_home(home) / "systemd" / "user" / SYSTEMD_UNIT
     return InstallPlan(
         files=(config_file, (unit, render_systemd(config_path), 0o644)),
         activate=None,

@@ -32,8 +32,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     token_sub = token.add_subparsers(dest="token_command", required=True)
     p = token_sub.add_parser("create", help="create a token and print it (it is stored only hashed)")
     config.add_arguments(p, ("database_url",))
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--role", required=True, choices=ROLES)
+    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+    p.add_argument("--role", required=True, choices=ROLES, help="what the token may do (required)")
     p.add_argument("--team", default=None, help="scope the token to one team")
     p.add_argument("--label", default="", help="a note saying who or what holds it")
     p.add_argument("--expires-in", type=tokens.duration_s, default=None, metavar="DURATION",
@@ -43,8 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("psql", help="open psql on the database (of `minions up`, or MINIONS_DATABASE_URL)")
     config.add_arguments(p, ("database_url",))
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("psql_args", nargs=argparse.REMAINDER, help="arguments passed to psql")
+    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+    p.add_argument("psql_args", nargs=argparse.REMAINDER, help="anything else goes to psql as is, e.g. -c \"SELECT 1\"")
     p.set_defaults(handler=psql)
 
 

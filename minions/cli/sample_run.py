@@ -3,6 +3,7 @@ then a few result lines."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 async def run_sample(api_url: str, token: str, data_dir: Path, count: int) -> int:
     name = time.strftime("sample-%Y%m%d-%H%M%S")
     async with MinionsClient(api_url, token) as client:
+        await _local_agent_ready(client)
         task = await client.submit({
             "team": "demo", "project": "sample", "name": name, "kind": "embedding", "model": MODEL,
             "input": {"records": embedding_records(count)}, "subtask_size": 50,
@@ -40,3 +42,18 @@ async def run_sample(api_url: str, token: str, data_dir: Path, count: int) -> in
                       if vector else f"  {line.decode().strip()[:120]}")
         _ = task
         return status
+
+
+async def _local_agent_ready(client: MinionsClient, timeout_s: float = 300.0) -> None:
+    """The local agent takes a while to load its inference stack: submit once it serves the model,
+    so the sample does not start with an (honest but alarming) "no executor serves this" warning."""
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while time.monotonic() < deadline:
+        if any(MODEL in e.get("models", []) and e["status"] not in ("offline", "lost")
+               for e in await client.executors()):
+            return
+        if not said:
+            print("waiting for the local agent to load its model ...", flush=True)
+            said = True
+        await asyncio.sleep(0.5)

@@ -33,6 +33,7 @@ class Child:
     started_at: float = 0.0  # time.monotonic() of the latest spawn
     stopping: bool = False
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    pass_fds: tuple[int, ...] = ()  # descriptors the child inherits (the API's listening socket)
 
 
 class Supervisor:
@@ -46,12 +47,13 @@ class Supervisor:
         self._stopping = False
         self._watchers: list[asyncio.Task[None]] = []
 
-    async def start(self, name: str, module: str, args: list[str], env: dict[str, str]) -> Child:
+    async def start(self, name: str, module: str, args: list[str], env: dict[str, str],
+                    pass_fds: tuple[int, ...] = ()) -> Child:
         # Logs name tasks, teams and errors: owner-only, like the data dir around them.
         make_private_dir(self.log_dir)
         tighten(self.log_dir, DIR_MODE)
         child = Child(name, [sys.executable, "-m", module, *args], {**os.environ, **env},
-                      self.log_dir / f"{name}.log")
+                      self.log_dir / f"{name}.log", pass_fds=pass_fds)
         self.children[name] = child
         await self._spawn(child)
         self._watchers.append(asyncio.create_task(self._watch(child), name=f"watch-{name}"))
@@ -62,7 +64,7 @@ class Supervisor:
         child.log_file = os.fdopen(open_private(child.log_path, os.O_WRONLY | os.O_APPEND), "ab")
         child.process = await asyncio.create_subprocess_exec(
             *child.argv, env=child.env, stdout=child.log_file, stderr=child.log_file,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=child.pass_fds,
         )
 
     async def _watch(self, child: Child) -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from minions import jsoncodec
 from minions.cli import connection
@@ -15,19 +19,25 @@ from minions.cli.progress import ProgressBar
 from minions.sdk import MinionsClient, MinionsError
 
 FINISHED = ("completed", "failed", "cancelled")
+STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", help="submit a task from a JSONL file")
+    p = sub.add_parser("submit", help="submit a task from a JSONL file",
+                       description="Check the JSONL file, upload it under its content hash and submit the task. "
+                                   "Submitting the same file with the same flags again is the same task.")
     connection.add_arguments(p)
     p.add_argument("file", type=Path, help="JSONL input, one record per line")
-    p.add_argument("--team", required=True)
-    p.add_argument("--project", required=True)
-    p.add_argument("--name", required=True)
-    p.add_argument("--kind", required=True, choices=("embedding", "completion", "sleep"))
-    p.add_argument("--model", default=None)
-    p.add_argument("--subtask-size", type=int, default=None)
-    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--team", required=True, help="team the task belongs to (required)")
+    p.add_argument("--project", required=True, help="project within the team (required)")
+    p.add_argument("--name", required=True, help="task name, unique within team/project (required)")
+    p.add_argument("--kind", required=True, choices=("embedding", "completion", "sleep"),
+                   help="what to run on each record (required)")
+    p.add_argument("--model", default=None,
+                   help="model name, e.g. sentence-transformers/all-MiniLM-L6-v2 (required but for --kind sleep)")
+    p.add_argument("--subtask-size", type=int, default=None,
+                   help="records per subtask (default: the server's default for the kind)")
+    p.add_argument("--priority", type=int, default=0, help="higher is claimed first, -1000..1000")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
@@ -35,20 +45,21 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("status", help="tasks as a table, or one task (TEAM/PROJECT/NAME)")
     connection.add_arguments(p)
-    p.add_argument("task", nargs="?", help="TEAM/PROJECT/NAME")
-    p.add_argument("--team")
-    p.add_argument("--status", dest="status_filter")
-    p.add_argument("--limit", type=int, default=30)
+    p.add_argument("task", nargs="?", help="TEAM/PROJECT/NAME (default: list the latest tasks)")
+    p.add_argument("--team", help="only this team's tasks (default: all you can see)")
+    p.add_argument("--status", dest="status_filter", choices=STATUSES,
+                   help="only tasks in this status (default: any)")
+    p.add_argument("--limit", type=int, default=30, help="at most this many tasks")
     p.set_defaults(handler=status)
 
     p = sub.add_parser("wait", help="wait for a task with a progress bar, then summarise it")
     connection.add_arguments(p)
     p.add_argument("task", help="TEAM/PROJECT/NAME")
-    p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     p.set_defaults(handler=wait)
 
     p = sub.add_parser("results", help="download a task's results (JSONL, input order)")
-    connection.add_arguments(p)
+    connection.add_arguments(p, json_flag=False)  # results are JSON lines already
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     p.add_argument("--partial", action="store_true", help="what is committed so far, before the end")
@@ -59,9 +70,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.set_defaults(handler=cancel)
 
-    p = sub.add_parser("executors", help="executors as a table")
+    p = sub.add_parser("executors", help="executors as a table, with the models each serves")
     connection.add_arguments(p)
-    p.add_argument("--team")
+    p.add_argument("--team", help="only executors scoped to this team (default: all you can see)")
     p.set_defaults(handler=executors)
 
 
@@ -95,40 +106,91 @@ def run(args: argparse.Namespace) -> int:
     try:
         result: int = asyncio.run(args.handler(args))
         return result
+    except BrokenPipeError:
+        # The reader went away (`minions results ... | head`): what it wanted it got. No message, and
+        # stdout points at /dev/null so the interpreter's final flush cannot complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except MinionsError as exc:
         print(f"minions: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (aiohttp.ClientError, OSError) as exc:
         print(f"minions: cannot reach the API: {exc}", file=sys.stderr)
         return 1
 
 
+def _warnings(task: dict[str, Any]) -> list[str]:
+    return [w["message"] for w in task.get("warnings") or ()]
+
+
+def _print_warnings(task: dict[str, Any]) -> None:
+    for message in _warnings(task):
+        print(f"warning: {message}", file=sys.stderr)
+
+
+async def _existing(client: MinionsClient, team: str, project: str, name: str) -> dict[str, Any] | None:
+    try:
+        return await client.task(team, project, name)
+    except MinionsError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 async def submit(args: argparse.Namespace) -> int:
+    from minions.cli.input_check import InputProblem, check_input
+    from minions.services.api.errors import ApiError
+    from minions.services.api.validation import validate_task
+
     if not args.file.is_file():
         raise SystemExit(f"minions: no such file: {args.file}")
+    body: dict[str, Any] = {
+        "team": args.team, "project": args.project, "name": args.name, "kind": args.kind,
+        "priority": args.priority, "params": _params(args.param),
+    }
+    if args.model:
+        body["model"] = args.model
+    if args.subtask_size is not None:
+        body["subtask_size"] = args.subtask_size
+    # Everything is checked before anything is uploaded: a rejected submit leaves no object behind.
+    try:
+        validate_task({**body, "input": {"uri": "s3://checked-before-upload/input.jsonl"}})
+        checked = await asyncio.to_thread(check_input, args.file, args.kind)
+    except ApiError as exc:
+        flags = "".join(f"\n  --{k.replace('_', '-')}: {v}" for k, v in (exc.fields or {}).items())
+        print(f"minions: {exc.message}{flags}", file=sys.stderr)
+        return 2
+    except InputProblem as exc:
+        print(f"minions: {exc}; nothing was uploaded", file=sys.stderr)
+        return 2
     async with connection.client_from_args(args) as client:
-        uri = await client.upload_input(_file_chunks(args.file))
-        body: dict[str, Any] = {
-            "team": args.team, "project": args.project, "name": args.name, "kind": args.kind,
-            "input": {"uri": uri}, "priority": args.priority, "params": _params(args.param),
-        }
-        if args.model:
-            body["model"] = args.model
-        if args.subtask_size is not None:
-            body["subtask_size"] = args.subtask_size
-        task = await client.submit(body)
+        existing = await _existing(client, args.team, args.project, args.name)
+        if existing is not None and not existing["input_uri"].endswith(f"/{checked.sha256}.jsonl"):
+            print(f"minions: task {args.team}/{args.project}/{args.name} exists with another input; "
+                  "choose another --name (nothing was uploaded)", file=sys.stderr)
+            return 1
+        # The same file is the same object (uploaded under its SHA-256), so the same command again
+        # is the same request: the server answers with the task (200), not a conflict.
+        uri = existing["input_uri"] if existing is not None else \
+            await client.upload_input(_file_chunks(args.file), sha256=checked.sha256)
+        task = await client.submit({**body, "input": {"uri": uri}})
+        if not args.json:
+            print(f"submitted {task['team']}/{task['project']}/{task['name']} ({task['status']}; "
+                  f"{checked.records:,} records)")
+            _print_warnings(task)
+        if args.wait:
+            # --json --wait: one JSON document, the task as it ended.
+            return await _wait(client, args.team, args.project, args.name, 0.5, quiet=args.json)
         if args.json:
             print(jsoncodec.dumps_str(task))
-        else:
-            print(f"submitted {task['team']}/{task['project']}/{task['name']} ({task['status']})")
-        if args.wait:
-            return await _wait(client, args.team, args.project, args.name, 0.5, quiet=args.json)
     return 0
 
 
 def _row(task: dict[str, Any]) -> list[str]:
     records = task["records"]
-    return [f"{task['team']}/{task['project']}/{task['name']}", task["kind"], task["model"], task["status"],
+    state = task["status"] + (" (!)" if _warnings(task) else "")
+    return [f"{task['team']}/{task['project']}/{task['name']}", task["kind"], task["model"], state,
             f"{records['done']:,}/{records['total']:,}",
             f"{task['subtasks']['done']}/{task['subtasks']['total']}", (task["created_at"] or "")[:19]]
 
@@ -139,6 +201,9 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip())
 
 
+TASK_HEADER = ["TASK", "KIND", "MODEL", "STATUS", "RECORDS", "SUBTASKS", "CREATED"]
+
+
 async def status(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
         if args.task:
@@ -146,9 +211,11 @@ async def status(args: argparse.Namespace) -> int:
             if args.json:
                 print(jsoncodec.dumps_str(task))
             else:
-                print_table(["TASK", "KIND", "MODEL", "STATUS", "RECORDS", "SUBTASKS", "CREATED"], [_row(task)])
+                print_table(TASK_HEADER, [_row(task)])
                 if task["error"]:
                     print(f"error: {task['error']}")
+                for message in _warnings(task):
+                    print(f"warning: {message}")
             return 0
         page = await client.tasks(team=args.team, status=args.status_filter, limit=args.limit)
         if args.json:
@@ -156,8 +223,9 @@ async def status(args: argparse.Namespace) -> int:
         elif not page["tasks"]:
             print("no tasks")
         else:
-            print_table(["TASK", "KIND", "MODEL", "STATUS", "RECORDS", "SUBTASKS", "CREATED"],
-                        [_row(t) for t in page["tasks"]])
+            print_table(TASK_HEADER, [_row(t) for t in page["tasks"]])
+            if any(_warnings(t) for t in page["tasks"]):
+                print("(!) no online executor serves this task's kind and model; `minions status TASK` says more")
     return 0
 
 
@@ -166,43 +234,70 @@ async def wait(args: argparse.Namespace) -> int:
         return await _wait(client, *_task_path(args.task), args.interval, quiet=args.json)
 
 
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
 async def _wait(client: MinionsClient, team: str, project: str, name: str, interval: float,
                 *, quiet: bool = False) -> int:
     bar = ProgressBar(f"{team}/{project}/{name}")
-    while True:
-        task = await client.task(team, project, name)
-        if not quiet:
-            bar.update(task)
-        if task["status"] in FINISHED:
-            break
-        await asyncio.sleep(interval)
+    warned = False
+    try:
+        while True:
+            task = await client.task(team, project, name)
+            if not quiet:
+                if not warned and _warnings(task):
+                    _print_warnings(task)
+                    warned = True
+                bar.update(task)
+            if task["status"] in FINISHED:
+                break
+            await asyncio.sleep(interval)
+    finally:
+        bar.finish()
     if quiet:
         print(jsoncodec.dumps_str(task))
     else:
-        bar.finish()
         records = task["records"]
-        rate = records["done"] / bar.elapsed if bar.elapsed > 0 else 0.0
+        # The task's own duration (first claim to end), not how long this command watched it.
+        duration = _seconds_between(task["started_at"] or task["created_at"], task["finished_at"])
+        seconds = duration if duration is not None else bar.elapsed
+        rate = records["done"] / seconds if seconds > 0 else 0.0
         print(f"{task['status']}: {records['done']:,}/{records['total']:,} records in "
-              f"{bar.elapsed:.1f}s ({rate:,.1f} records/s); subtasks: "
+              f"{seconds:.1f}s ({rate:,.1f} records/s); subtasks: "
               + ", ".join(f"{v} {k}" for k, v in task["subtasks"].items() if v and k != "total"))
         if task["error"]:
             print(f"error: {task['error']}")
     return 0 if task["status"] == "completed" else 1
 
 
+def _cli_hint(exc: MinionsError) -> MinionsError:
+    """The server's hints name its query string; on the command line they name the flag."""
+    if exc.code == "not_finished":
+        first = exc.message.split(";")[0]
+        return MinionsError(exc.status, exc.code, f"{first}; results are ready when it ends (or pass --partial "
+                                                  "for what is committed so far)")
+    return exc
+
+
 async def results(args: argparse.Namespace) -> int:
     team, project, name = _task_path(args.task)
     async with connection.client_from_args(args) as client:
-        if args.output is None:
-            async for chunk in client.results(team, project, name, partial=args.partial):
-                sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
-            return 0
-        lines = 0
-        with args.output.open("wb") as out:
-            async for chunk in client.results(team, project, name, partial=args.partial):
-                lines += chunk.count(b"\n")
-                await asyncio.to_thread(out.write, chunk)
+        try:
+            if args.output is None:
+                async for chunk in client.results(team, project, name, partial=args.partial):
+                    sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                return 0
+            lines = 0
+            with args.output.open("wb") as out:
+                async for chunk in client.results(team, project, name, partial=args.partial):
+                    lines += chunk.count(b"\n")
+                    await asyncio.to_thread(out.write, chunk)
+        except MinionsError as exc:
+            raise _cli_hint(exc) from None
         print(f"wrote {lines:,} results to {args.output}", file=sys.stderr)
     return 0
 
@@ -223,8 +318,9 @@ async def executors(args: argparse.Namespace) -> int:
     if not rows:
         print("no executors registered")
         return 0
-    print_table(["NAME", "STATUS", "DEVICE", "KINDS", "CURRENT", "LAST HEARTBEAT"], [
+    print_table(["NAME", "STATUS", "DEVICE", "KINDS", "MODELS", "CURRENT", "LAST HEARTBEAT"], [
         [e["name"], e["status"], str(e["hardware"].get("device", "?")), ",".join(e["kinds"]),
+         ",".join(e.get("models") or ()) or "-",
          ", ".join(f"{c['team']}/{c['project']}/{c['task_name']}#{c['subtask_id']}" for c in e["current"]) or "-",
          (e["last_heartbeat_at"] or "")[:19]]
         for e in rows

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from minions import config, jsoncodec
+from minions.cli import connection
 from minions.cli.admin import create_token
+from minions.cli.instance import DataDirLock, InstanceError, bind_listener
 from minions.cli.supervisor import Supervisor
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
@@ -33,10 +35,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="state folder: database, store, logs, up.json (default ./.minions)")
     p.add_argument("--executors", type=int, default=0, help="local agents to start (default 0)")
     p.add_argument("--executor-arg", action="append", default=[],
-                   help="extra argument for each local agent (repeatable)")
+                   help="extra argument for each local agent (repeatable), e.g. --executor-arg=--kind=sleep")
     p.add_argument("--sample", action="store_true",
                    help="submit a sample embedding task, wait for it, print results, then stop")
-    p.add_argument("--sample-records", type=int, default=300)
+    p.add_argument("--sample-records", type=int, default=300, help="sentences in the --sample task")
     p.set_defaults(handler=run)
 
 
@@ -48,22 +50,39 @@ def run(args: argparse.Namespace) -> int:
     settings = config.from_args(args)
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
-    return asyncio.run(_up(args, settings))
-
-
-async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
     data_dir: Path = args.data_dir.resolve()
     make_private_dir(data_dir)  # once, before anything runs
     tighten(data_dir, DIR_MODE)
+    # Before anything starts: a second `minions up` on this data dir (or on a taken port) must not
+    # touch the first one's database, services or up.json.
+    lock = DataDirLock(data_dir)
+    try:
+        lock.acquire(f"http://{_host(settings.host)}:{settings.port}")
+        listener = bind_listener(settings.host, settings.port)
+    except InstanceError as exc:
+        lock.release()
+        print(f"minions up: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_up(args, settings, data_dir, listener.fileno()))
+    except asyncio.CancelledError:  # stopped by SIGINT/SIGTERM, everything stopped in order
+        return 130 if args.sample else 0
+    finally:
+        listener.close()
+        lock.release()
+
+
+async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Path, listen_fd: int) -> int:
+    _stop_on_signal()
     pg: EmbeddedPostgres | None = None
     database_url = settings.database_url
-    if not database_url:
-        print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
-        pg = EmbeddedPostgres(data_dir / "pg")
-        await asyncio.to_thread(pg.start)
-        database_url = pg.url
     supervisor = Supervisor(data_dir / "logs")
     try:
+        if not database_url:
+            print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
+            pg = EmbeddedPostgres(data_dir / "pg")
+            await asyncio.to_thread(pg.start)
+            database_url = pg.url
         applied = await migrate(database_url)
         if applied:
             print(f"schema: applied {', '.join(applied)}")
@@ -74,7 +93,9 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         api_url = f"http://{_host(settings.host)}:{settings.port}"
         env = _service_env(settings, database_url, store, api_url)
 
-        await supervisor.start("api", "minions.services.api", [], env)
+        # The API serves the socket bound above (restarts included): see instance.bind_listener.
+        await supervisor.start("api", "minions.services.api", [], {**env, "MINIONS_LISTEN_FD": str(listen_fd)},
+                               pass_fds=(listen_fd,))
         await supervisor.start("splitter", "minions.services.splitter", [], env)
         await supervisor.start("watchdog", "minions.services.watchdog", [], env)
         await _wait_healthy(api_url, supervisor)
@@ -88,6 +109,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
 
         info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}
         _write_json(data_dir / "up.json", info)
+        # Also where clients look from any folder (XDG state dir): the latest `minions up` wins.
+        connection.publish_up_json(data_dir, info)
         print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
@@ -100,6 +123,7 @@ async def _up(args: argparse.Namespace, settings: config.Settings) -> int:
         return 0
     finally:
         print("stopping ...", flush=True)
+        connection.withdraw_up_json(data_dir)
         # Agents first, together (each hands back its lease), then the services one by one.
         await supervisor.stop_children([n for n in supervisor.children if n.startswith("agent-")])
         await supervisor.stop()
@@ -146,12 +170,25 @@ async def _wait_healthy(api_url: str, supervisor: Supervisor) -> None:
         raise SystemExit(f"minions up: the API did not become healthy; see {supervisor.log_dir / 'api.log'}")
 
 
-async def _until_signal() -> None:
-    stop = asyncio.Event()
+def _stop_on_signal() -> None:
+    """SIGINT/SIGTERM at any moment, start-up included, cancel `_up`, whose `finally` stops what
+    was started (agents, services, PostgreSQL). Only the first: a second signal must not cut the
+    stopping short and leave a PostgreSQL behind."""
+    main = asyncio.current_task()
+    assert main is not None
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: None)
+        main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, stop)
+
+
+async def _until_signal() -> None:
+    await asyncio.Event().wait()  # until _stop_on_signal cancels us
 
 
 def write_secret(path: Path, data: bytes) -> None:

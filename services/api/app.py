@@ -33,6 +33,10 @@ PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/", "/api/openapi.json")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class SchemaMissing(RuntimeError):
+    """The database answers but was never migrated: waiting would not help."""
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
         errors_middleware, body_deadline(ClientLimits.from_settings(settings)), auth_middleware])
@@ -80,13 +84,19 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 async def _signing_key(pool: asyncpg.Pool) -> str:
     """The local store's URL-signing key lives in the database so every replica shares it. A service
     started before its database waits for it here, saying so, rather than crashing."""
+    # The statement is read before the loop: a missing queries file is an OSError, which the loop
+    # would take for an unreachable database and wait on forever (a broken install must fail).
+    statement = Q.store_signing_key
     backoff = Backoff(max_s=5.0)
     while True:
         try:
-            value: str = await pool.fetchval(Q.store_signing_key)
+            value: str = await pool.fetchval(statement)
             return value
         except CONNECTION_ERRORS as exc:
             log.warning("waiting_for_database", error=str(exc))
+        except (asyncpg.exceptions.UndefinedFunctionError, asyncpg.exceptions.UndefinedTableError) as exc:
+            raise SchemaMissing(f"the database has no Minions schema ({exc}); run `minions db migrate` "
+                               "against it first") from None
         await backoff.sleep()
 
 

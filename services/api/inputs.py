@@ -89,11 +89,16 @@ async def record_input(pool: asyncpg.Pool, settings: Settings, uri: str, team: s
         raise quota_exceeded(team, used, quota)
 
 
-async def check_input_use(pool: asyncpg.Pool, principal: Principal, team: str, uri: str) -> None:
-    """403 input_not_allowed unless a task of `team`, submitted by `principal`, may read `uri`."""
+async def may_use(pool: asyncpg.Pool, principal: Principal, team: str, uri: str) -> bool:
+    """Whether a task of `team`, submitted by `principal`, may read `uri`."""
     verdict = await pool.fetchval(Q.input_use, team, uri, principal.team is None,
                                   principal.role == "admin")
-    if verdict != "ok":
+    return bool(verdict == "ok")
+
+
+async def check_input_use(pool: asyncpg.Pool, principal: Principal, team: str, uri: str) -> None:
+    """403 input_not_allowed unless a task of `team`, submitted by `principal`, may read `uri`."""
+    if not await may_use(pool, principal, team, uri):
         raise forbidden(f"input.uri is not an input team {team} may read: name an upload of the team "
                         "(POST /api/v1/inputs) or an s3:// prefix an operator allowed for it "
                         "(minions team allow-input)", "input_not_allowed")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -14,7 +16,7 @@ from minions import config
 from minions.logging import configure, get_logger
 from minions.runtime import install_uvloop
 from minions.services.api.access_log import AccessLogger
-from minions.services.api.app import create_app
+from minions.services.api.app import SchemaMissing, create_app
 from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
 
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
@@ -35,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     install_uvloop()
     get_logger(__name__).info("api_starting", host=settings.host, port=settings.port)
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except SchemaMissing as exc:
+        print(f"minions api: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -45,12 +51,17 @@ async def serve(settings: config.Settings) -> None:
                               access_log_class=AccessLogger, access_log=access_logger,
                               keepalive_timeout=KEEPALIVE_S, shutdown_timeout=5)
     await runner.setup()
+    # Under `minions up` the port is bound by the parent and handed over (MINIONS_LISTEN_FD), so this
+    # process serves exactly the socket `minions up` checked and holds; alone, it binds host:port.
+    listen_fd = os.environ.get("MINIONS_LISTEN_FD")
+    site: web.BaseSite = (web.SockSite(runner, socket.socket(fileno=int(listen_fd))) if listen_fd
+                          else web.TCPSite(runner, settings.host, settings.port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        await site.start()
         await stop.wait()
     finally:
         await runner.cleanup()

@@ -375,6 +375,11 @@ def _response_schemas() -> dict[str, Schema]:
             "finished_at": _timestamp(nullable=True),
             "output_uri": _nullable({"type": "string", "description": "Where the results are, once finished."}),
             "error": _nullable({"type": "string"}),
+            "warnings": {"type": "array", "description": "What keeps an unfinished task from progressing that it "
+                                                         "cannot fix itself; empty when nothing does. `unservable`: "
+                                                         "no online executor serves its kind and model.",
+                         "items": _object({"code": {"type": "string", "enum": ["unservable"]},
+                                           "message": {"type": "string"}})},
         }),
         "TaskList": _object({
             "tasks": {"type": "array", "items": _ref("Task")},
@@ -597,19 +602,25 @@ def _paths() -> dict[str, Schema]:
                            "only unscoped tokens may submit), and only that team's tasks may read it. At most "
                            "`MINIONS_MAX_INPUT_BYTES` (default 2 GiB), within the team's quota of stored input "
                            "bytes (`MINIONS_TEAM_INPUT_QUOTA_BYTES`, default 20 GiB). An upload no task reads is "
-                           "deleted after `MINIONS_GC_GRACE_S`.",
+                           "deleted after `MINIONS_GC_GRACE_S`. With `sha256` the input is stored under that "
+                           "hash: the same bytes give the same `uri` (200 when the team already has them, "
+                           "without writing them again).",
             "parameters": [_query_param("team", _name("team"), "The team the upload is for (default: the "
-                                                               "token's team).")],
+                                                               "token's team)."),
+                           _query_param("sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                                        "The body's SHA-256 (lowercase hex): store it content-addressed; a body "
+                                        "that does not match is refused (422) and nothing is stored.")],
             "requestBody": {"required": True, "description": "JSON lines, one input record per line.",
                             "content": {media_type: {"schema": {"type": "string", "minLength": 1}}
                                         for media_type in JSONL_MEDIA_TYPES}},
             "responses": _responses(
-                _ok(_ref("InputUpload"), "Stored.", "201"), _AUTHED,
+                _ok(_ref("InputUpload"), "Stored.", "201"),
+                _ok(_ref("InputUpload"), "Already stored under this `sha256`: the same `uri`."), _AUTHED,
                 e403="Not a user token (`wrong_role`), or a team the token is not scoped to (`wrong_team`).",
                 e413="Over `MINIONS_MAX_INPUT_BYTES` (`too_large`) or the team's quota (`quota_exceeded`); the "
                      "limit is in the message and nothing is stored.",
                 e415="The body is not JSONL (`unsupported_media_type`).",
-                e422="The body is empty, or `team` is not a valid name.",
+                e422="The body is empty, `team` is not a valid name, or the body does not match `sha256`.",
             ),
         }},
         "/api/v1/executors": {"get": {

@@ -42,4 +42,16 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             f"/api/v1/tasks/{row['team']}/{row['project']}/{row['name']}/results" if finished else None
         ),
         "error": redact(row["error"]) if row["error"] is not None else None,
+        "warnings": task_warnings(row),
     }
+
+
+def task_warnings(row: Any) -> list[dict[str, str]]:
+    """What stands in the task's way that it cannot fix itself. `servable` is false when no online
+    executor serves the task's kind and model (for its team); NULL for a finished task."""
+    if row.get("servable") is False:
+        model = "" if row["kind"] == "sleep" else f" with model {row['model']}"
+        return [{"code": "unservable",
+                 "message": f"no online executor serves {row['kind']}{model}; the task waits until one that "
+                            "does comes online (GET /api/v1/executors lists what each serves)"}]
+    return []

@@ -23,8 +23,7 @@ from minions.agents.macos.install import render_launchd, render_systemd
 from minions.embedded_pg import free_port
 from minions.testing.sleep_executor import SleepExecutor
 from minions.testing.waiting import eventually
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import pytest_asyncio
@@ -21,8 +20,7 @@ from minions.embedded_pg import free_port
 from minions.sdk.health import wait_until_healthy
 from minions.testing.factories import make_token
 from minions.testing.processes import Service, Services
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 REVOCATION_BOUND_S = 1.0  # the bound: every process refuses a revoked token within 1 s
 

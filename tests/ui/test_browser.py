@@ -160,6 +160,12 @@ async def _sign_in(page: Page, api_url: str, admin: str) -> None:
     await expect(page.locator("tbody tr")).to_have_count(1)
     await page.get_by_role("tab", name="All", exact=True).click()
     await expect(page.locator("tbody tr")).to_have_count(3)
+    # The embedding task has no executor that serves its model (these serve sleep): its page says so.
+    await page.goto(f"{api_url}/#/tasks/search/ranker/emb-2026-w18")
+    await expect(page.locator(".banner-warning[data-warning=unservable]")).to_contain_text(
+        "no online executor serves embedding with model sentence-transformers/all-MiniLM-L6-v2")
+    await page.goto(f"{api_url}/#/tasks")
+    await expect(page.locator("tbody tr")).to_have_count(3)
 
 
 async def _submit_with_errors_then_fix(page: Page) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +37,11 @@ routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 RESULT_PAGE = 200
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class DigestMismatch(Exception):
+    """An upload's body is not the bytes its `sha256` names."""
 
 
 async def _task_row(request: web.Request, principal: Principal) -> Any:
@@ -296,20 +302,43 @@ async def upload_input(request: web.Request) -> web.Response:
         raise ApiError(415, "unsupported_media_type", "send JSONL with Content-Type: application/x-ndjson")
     pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
     team = inputs.upload_team(request, principal)
+    expected = request.query.get("sha256") or None  # an empty value reads as absent, as everywhere
+    if expected is None:
+        key = f"inputs/uploads/{uuid.uuid4().hex}.jsonl"
+    else:
+        # Content-addressed: the same bytes are the same object, so a client that submits the same
+        # file twice submits the same input URI (the same task, not a conflict).
+        if not SHA256_HEX.fullmatch(expected):
+            raise invalid({"sha256": "must be the body's SHA-256: 64 lowercase hex digits"})
+        key = f"inputs/sha256/{expected}.jsonl"
+        stored = await store.size(store.uri_for(key))
+        # Skipped only for a team that may already read them: knowing a hash must never be enough to
+        # gain another team's input, so anyone else sends the bytes, checked against the hash.
+        if stored and team is not None and await inputs.may_use(pool, principal, team, store.uri_for(key)):
+            return json_response({"uri": store.uri_for(key), "bytes": stored}, 200)
     cap, over = await inputs.upload_cap(pool, settings, team, request.content_length)
-    key = f"inputs/uploads/{uuid.uuid4().hex}.jsonl"
+    digest = hashlib.sha256()
 
     async def body() -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_chunked(1 << 20):
+            if expected is not None:
+                await asyncio.to_thread(digest.update, chunk)
             yield chunk
+        if expected is not None and digest.hexdigest() != expected:
+            # Raised inside the stream: the store discards the object instead of committing it.
+            raise DigestMismatch(digest.hexdigest())
 
-    uri, size = await store.put_stream(key, inputs.capped(body(), cap, over))
+    try:
+        uri, size = await store.put_stream(key, inputs.capped(body(), cap, over))
+    except DigestMismatch as exc:
+        raise invalid({"sha256": f"does not match the body (its SHA-256 is {exc})"}) from None
     if size == 0:
         await store.delete(uri)
         raise invalid({"body": "empty input: send at least one JSONL record"})
     try:
         await inputs.record_input(pool, settings, uri, team, size, principal.token_id)
     except inputs.TooLarge:
-        await store.delete(uri)
+        if expected is None:  # a content-addressed object may be another team's too: gc judges it
+            await store.delete(uri)
         raise
     return json_response({"uri": uri, "bytes": size}, 201)

@@ -148,10 +148,13 @@ export function taskView(ctx, team, project, name) {
           title: finished ? "Download every result as JSON lines" : "Download the results committed so far",
           onclick: (e) => download(e.currentTarget),
         }, finished ? "Download results" : "Download partial")));
+    // Warnings (e.g. no online executor serves the task's model) say why a task does not move.
+    const warnings = (task.warnings || []).map((w) =>
+      h("div.banner.banner-warning", { dataset: { warning: w.code } }, h("strong", "Waiting. "), w.message));
     if (task.error) {
-      clear(errorHost, h("div.banner.banner-error", h("strong", task.status === "failed" ? "Task failed. " : "Error. "), task.error));
+      clear(errorHost, h("div.banner.banner-error", h("strong", task.status === "failed" ? "Task failed. " : "Error. "), task.error), ...warnings);
     } else {
-      clear(errorHost);
+      clear(errorHost, ...warnings);
     }
   }
 
