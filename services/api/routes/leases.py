@@ -125,7 +125,7 @@ async def _discard(store: ObjectStore, key: str) -> None:
 
 @routes.post("/api/v1/leases/{token}/fail")
 async def fail(request: web.Request) -> web.Response:
-    token, output_key = await _lease(request)
+    token, live = await _lease(request)
     body = await json_object(request)
     error = body.get("error")
     retryable = body.get("retryable", True)
@@ -137,8 +137,8 @@ async def fail(request: web.Request) -> web.Response:
     # (this lease's token, a signed URL) are redacted before it is stored, logged or shown.
     error = redact(error[:4000], known=(str(token), request.match_info["token"]))
     _verdict(await request.app[POOL].fetchval(Q.fail, token, without_nul(error), retryable))
-    # Named by task and subtask (outputs/<task>/<subtask>/<attempt>-<token>.jsonl), never by token.
-    subtask = "/".join((output_key or "").split("/")[1:3])
+    # Named by task and subtask, never by token.
+    subtask = f"{live['task_id']}/{live['subtask_id']}" if live is not None else None
     log.info("lease_failed", subtask=subtask, error=error[:200], retryable=retryable)
     return _ok()
 
