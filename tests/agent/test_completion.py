@@ -14,13 +14,10 @@ import pytest
 import pytest_asyncio
 
 from minions.agents.macos.runners.base import Interrupted, PermanentError, RunnerError
-from minions.agents.macos.runners.completion import (
-    CompletionParams,
-    OllamaCompletionRunner,
-    TransformersCompletionRunner,
-    build_prompt,
-)
+from minions.agents.macos.runners.completion import CompletionParams
+from minions.agents.macos.runners.ollama_completion import OllamaCompletionRunner
 from minions.agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner, build_prompt
 from tests.agent.factories import subtask
 from tests.agent.local_http import free_port
 from tests.agent.ollama_double import OllamaDouble

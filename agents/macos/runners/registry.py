@@ -25,10 +25,12 @@ def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
 
         runners["embedding"] = EmbeddingRunner(torch_settings)
     if "completion" in config.kinds:
-        from minions.agents.macos.runners import completion
-
         if config.completion_backend == "transformers":
-            runners["completion"] = completion.TransformersCompletionRunner(torch_settings)
+            from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
+
+            runners["completion"] = TransformersCompletionRunner(torch_settings)
         else:
-            runners["completion"] = completion.OllamaCompletionRunner(config.ollama_host, config.allow_pull)
+            from minions.agents.macos.runners.ollama_completion import OllamaCompletionRunner
+
+            runners["completion"] = OllamaCompletionRunner(config.ollama_host, config.allow_pull)
     return runners
