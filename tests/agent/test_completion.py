@@ -67,6 +67,60 @@ async def test_ollama_runner_prompt_and_chat(double: OllamaDouble) -> None:
     assert again == out  # seeded: the same text twice
 
 
+async def test_ollama_requests_overlap_and_keep_input_order(double: OllamaDouble) -> None:
+    records = [{"id": i, "prompt": f"Record {i}: why are idle laptops useful?"} for i in range(7)]
+    params = {"temperature": 0, "max_tokens": 4}
+    sequential = await OllamaCompletionRunner(double.url).run(subtask("completion", "tiny", params, 7), records)
+    double.reset_counts()
+    double.delay_s = 0.3  # every answer takes a while: requests sent together are in flight together
+    try:
+        parallel = await OllamaCompletionRunner(double.url, parallel=3).run(
+            subtask("completion", "tiny", params, 7), records
+        )
+    finally:
+        double.delay_s = 0.0
+    assert double.max_in_flight == 3  # never more than asked, and really concurrent
+    assert parallel == sequential  # same answers, in input order
+    assert [o["id"] for o in parallel] == list(range(7))
+
+
+async def test_cancelling_parallel_ollama_requests_is_immediate(double: OllamaDouble) -> None:
+    records = [{"id": i, "prompt": f"Record {i}"} for i in range(10)]
+    double.reset_counts()
+    double.delay_s = 30.0  # no answer would come before the test times out
+    try:
+        runner = OllamaCompletionRunner(double.url, parallel=4)
+        task = asyncio.create_task(runner.run(subtask("completion", "tiny", {"max_tokens": 2}, 10), records))
+        for _ in range(1000):
+            if double.in_flight == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert double.in_flight == 4
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        for _ in range(200):  # the server sees the connections close and drops the requests
+            if double.in_flight == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        double.delay_s = 0.0
+    assert double.in_flight == 0 and double.answered == 0
+    assert len(double.requests) == 4  # no request was sent after the cancel
+
+
+async def test_parallel_requests_pull_a_missing_model_once(tiny_lm_dirs: dict[str, Path]) -> None:
+    server = OllamaDouble(tiny_lm_dirs["plain"], models=[], pullable=["tiny:fresh"])
+    await server.start()
+    try:
+        runner = OllamaCompletionRunner(server.url, allow_pull=True, parallel=3)
+        out = await runner.run(subtask("completion", "tiny:fresh", {"max_tokens": 2}, 3), RECORDS)
+    finally:
+        await server.stop()
+    assert [o["id"] for o in out] == ["p1", "m1", 3]
+    assert [p for p, _ in server.requests].count("/api/pull") == 1
+
+
 async def test_double_streams_like_ollama(double: OllamaDouble) -> None:
     client = ollama.AsyncClient(host=double.url)
     parts = [

@@ -13,7 +13,12 @@ def uses_torch(config: AgentConfig) -> bool:
 
 def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
     torch_settings = TorchSettings(
-        device=device, threads=config.threads, mps_memory_fraction=config.mps_memory_fraction
+        device=device,
+        threads=config.threads,
+        mps_memory_fraction=config.mps_memory_fraction,
+        precision=config.precision,
+        min_cosine=config.min_cosine,
+        generation_batch_size=config.generation_batch_size,
     )
     runners: dict[str, Runner] = {}
     if "sleep" in config.kinds:
@@ -32,5 +37,7 @@ def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
         else:
             from minions.agents.macos.runners.ollama_completion import OllamaCompletionRunner
 
-            runners["completion"] = OllamaCompletionRunner(config.ollama_host, config.allow_pull)
+            runners["completion"] = OllamaCompletionRunner(
+                config.ollama_host, config.allow_pull, parallel=config.ollama_parallel
+            )
     return runners
