@@ -207,6 +207,45 @@ async def test_transformers_usage_counts_tokens(
     assert greedy == out
 
 
+def one_at_a_time(model_dir: Path, records: list[dict[str, Any]], max_tokens: int) -> list[str]:
+    """Plain transformers, one record per `generate` call, greedy: the reference for batching."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    texts = []
+    with torch.inference_mode():
+        for record in records:
+            text, special = build_prompt(tokenizer, record, None)
+            encoded = tokenizer(text, return_tensors="pt", add_special_tokens=special)
+            out = model.generate(
+                **encoded, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            new = out[0, encoded["input_ids"].shape[1] :].tolist()
+            eos = model.generation_config.eos_token_id
+            texts.append(tokenizer.decode(new[: new.index(eos) + 1] if eos in new else new, skip_special_tokens=True))
+    return texts
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+async def test_batched_greedy_generation_equals_one_at_a_time(tiny_lm_dirs: dict[str, Path], batch_size: int) -> None:
+    # Prompts of very different lengths: batches are left-padded, some heavily.
+    records: list[dict[str, Any]] = [
+        {"id": i, "prompt": " ".join(["idle laptop embeds text"] * (1 + (i * 7) % 11)) + f" {i}"} for i in range(13)
+    ]
+    records.append({"id": "chat", "messages": [{"role": "user", "content": "What is a lease token?"}]})
+    model = tiny_lm_dirs["plain"]
+    runner = TransformersCompletionRunner(TorchSettings(device="cpu", threads=2, generation_batch_size=batch_size))
+    try:
+        out = await runner.run(subtask("completion", str(model), {"temperature": 0, "max_tokens": 12}, 14), records)
+    finally:
+        await runner.aclose()
+    assert [o["id"] for o in out] == [r["id"] for r in records]
+    assert [o["text"] for o in out] == one_at_a_time(model, records, 12)
+    assert len({o["usage"]["prompt_tokens"] for o in out}) > 5  # the lengths really differ
+
+
 async def test_transformers_chat_template(
     lm_runner: TransformersCompletionRunner, tiny_lm_dirs: dict[str, Path]
 ) -> None:

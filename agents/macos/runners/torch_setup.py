@@ -16,7 +16,7 @@ class TorchSettings:
     mps_memory_fraction: float = 0.5  # also the memory cap for batch sizing on CUDA
     precision: str = "auto"  # auto (probe, see precision.py) or fp32, bf16, fp16 to force one
     min_cosine: float = 0.9999  # the accuracy gate of a faster precision, cosine to fp32
-    generation_batch_size: int | None = None  # None: the device's default (see generation.py)
+    generation_batch_size: int | None = None  # None: the device's default (transformers_completion.py)
 
 
 _prepared = False

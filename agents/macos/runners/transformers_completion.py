@@ -1,4 +1,15 @@
-"""The `completion` kind on transformers' `generate`, on the agent's own device."""
+"""The `completion` kind on transformers' `generate`, on the agent's own device.
+
+The records of a subtask are generated in batches: sorted by prompt length (so a batch carries
+little padding), left-padded (so every row's next token sits at the same position), at most
+`generation_batch_size` at a time (DEFAULT_BATCH_SIZE per device unless set). Under greedy decoding
+(temperature 0) each record's output is the one it gets generated alone. Sampling with a `seed` is
+reproducible for the same subtask on the same agent settings (records, their order, batch size,
+device and precision): the seed is set before each batch, and a batch draws its rows' tokens from
+one random stream, so a record's text also depends on which records share its batch; it is not
+the text the same seed gives that record alone, nor what Ollama gives. Stopping (owner back, lease
+lost) is checked between decoding steps, so it never waits for a batch to finish.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +28,11 @@ from minions.agents.macos.runners.completion import (
     record_messages,
 )
 from minions.agents.macos.runners.torch_setup import TorchSettings
+
+# Records generated together per device when the agent sets no generation_batch_size. Decoding is
+# bound by reading the weights once per step, so rows are nearly free until compute saturates;
+# these stay modest because the KV cache grows with rows x tokens on the owner's machine.
+DEFAULT_BATCH_SIZE = {"cpu": 16, "mps": 32, "cuda": 64}
 
 
 def build_prompt(tokenizer: Any, record: Record, system: str | None) -> tuple[str, bool]:
@@ -66,6 +82,9 @@ class TransformersCompletionRunner:
             record_messages(record, params.system)  # reject bad records before loading anything
         return await self._thread.call(lambda stop: self.generate(model, records, params, stop))
 
+    def batch_size(self) -> int:
+        return self._settings.generation_batch_size or DEFAULT_BATCH_SIZE.get(self._settings.device, 8)
+
     def generate(
         self,
         model_name: str,
@@ -77,36 +96,55 @@ class TransformersCompletionRunner:
         torch = torch_setup.prepare(self._settings)
         loaded = self._load(model_name)
         criteria = _stop_criteria(stop)
-        outputs = []
+        prompts = [self._prompt_ids(loaded.tokenizer, record, params) for record in records]
+        # Longest first: similar lengths share a batch, and the largest KV cache comes first, so
+        # running out of memory shows at once.
+        order = sorted(range(len(records)), key=lambda i: len(prompts[i]), reverse=True)
+        outputs: list[Record] = [{} for _ in records]
+        size = self.batch_size()
         with torch.inference_mode():
-            for record in records:
+            for start in range(0, len(order), size):
                 check_stop(stop)
-                outputs.append(self._one(torch, loaded, record, params, criteria))
-        check_stop(stop)
+                batch = order[start : start + size]
+                generated = self._batch(torch, loaded, [prompts[i] for i in batch], params, criteria)
+                check_stop(stop)  # a stopped batch's outputs are cut short: never hand them in
+                for i, tokens in zip(batch, generated, strict=True):
+                    text = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+                    outputs[i] = output_record(records[i], text, len(prompts[i]), len(tokens))
         return outputs
 
-    def _one(self, torch: Any, loaded: _LoadedLM, record: Record, params: CompletionParams, criteria: Any) -> Record:
-        tokenizer, model = loaded.tokenizer, loaded.model
+    def _prompt_ids(self, tokenizer: Any, record: Record, params: CompletionParams) -> list[int]:
         text, special = build_prompt(tokenizer, record, params.system)
-        encoded = tokenizer(text, return_tensors="pt", add_special_tokens=special).to(self._settings.device)
+        return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _batch(
+        self, torch: Any, loaded: _LoadedLM, prompts: list[list[int]], params: CompletionParams, criteria: Any
+    ) -> list[list[int]]:
+        """The new tokens of each prompt (up to its first end of sequence), generated together."""
+        model = loaded.model
+        pad = _pad_id(loaded.tokenizer, model)
+        width = max(len(p) for p in prompts)
+        # Left padding, masked out: generation appends at the right, the same column for all rows.
+        input_ids = torch.tensor([[pad or 0] * (width - len(p)) + p for p in prompts], device=self._settings.device)
+        attention_mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self._settings.device
+        )
         temperature = DEFAULT_TEMPERATURE if params.temperature is None else float(params.temperature)
         sampling: dict[str, Any] = {"do_sample": False}
         if temperature > 0:
             sampling = {"do_sample": True, "temperature": temperature}
         if params.seed is not None:
-            torch.manual_seed(params.seed)  # same seed, same text: as Ollama's `seed` option
+            torch.manual_seed(params.seed)  # same seed, same batch, same text: see the module docstring
         generated = model.generate(
-            **encoded,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             max_new_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
-            pad_token_id=_pad_id(tokenizer, model),
+            pad_token_id=pad,
             stopping_criteria=criteria,
             **sampling,
         )
-        prompt_len = encoded["input_ids"].shape[1]
-        new_tokens = generated[0, prompt_len:].tolist()
-        new_tokens = _until_eos(new_tokens, model.generation_config.eos_token_id)
-        text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-        return output_record(record, text, prompt_len, len(new_tokens))
+        eos = model.generation_config.eos_token_id
+        return [_until_eos(row[width:], eos) for row in generated.tolist()]
 
     def _load(self, name: str) -> _LoadedLM:
         if self._loaded is not None and self._loaded.name == name:
@@ -114,8 +152,9 @@ class TransformersCompletionRunner:
         if self._loaded is not None:
             self._loaded = None
             torch_setup.free_memory(self._settings.device)
-        tokenizer, model = torch_setup.load_pretrained(name, "AutoModelForCausalLM", "completion",
-                                                       self._settings.device)
+        tokenizer, model = torch_setup.load_pretrained(
+            name, "AutoModelForCausalLM", "completion", self._settings.device, self._settings.precision
+        )
         self._loaded = _LoadedLM(name, tokenizer, model)
         return self._loaded
 
