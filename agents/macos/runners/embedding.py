@@ -83,6 +83,9 @@ class EmbeddingRunner:
         """The precision chosen for each model loaded so far (reported at registration)."""
         return list(self._choices.values())
 
+    def precision_reports(self) -> list[dict[str, Any]]:
+        return [choice.to_json() for choice in self._choices.values()]
+
     async def prepare(self, model_name: str) -> precision.Choice:
         """Load `model_name` now (choosing its precision and batch size), not at the first subtask."""
         return await self._thread.call(lambda stop: self._load(model_name, stop).choice)
