@@ -103,5 +103,7 @@ def choose(
             why = f"a batch of {size} takes {seconds:.1f} s"
             break
         size *= 2
-    log.info("embedding_batch_size_chosen", device=device, batch_size=best, rates=rates, why=why)
+    # JSON log lines need string keys.
+    per_size = {str(size): rate for size, rate in rates.items()}
+    log.info("embedding_batch_size_chosen", device=device, batch_size=best, rates=per_size, why=why)
     return Sizing(best, rates, why)
