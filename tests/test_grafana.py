@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "infra" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "minions.json"
 ROLE = "minions_grafana"
-HARDWARE = {"device": "cpu", "chip": "Test CPU", "os": "Linux"}
+HARDWARE: dict[str, Any] = {
+    "device": "cpu", "chip": "Test CPU", "os": "Linux",
+    "precision": [{"model": "m1", "device": "cpu", "precision": "bf16", "cosine": 0.99998, "setting": "auto"}],
+}
 # Panels that must show something for a team with a finished task.
 KEY_PANELS = {
     "Executors online", "Executors idle", "Executors lost", "Executors by status", "Executors by hardware",
@@ -39,11 +42,11 @@ KEY_PANELS = {
     "Failures by reason", "Top executors", "Failed and lost attempts per minute",
     "Executors per team and hardware", "Kinds and models", "Queue wait percentiles",
     "Duration percentiles by model", "Duration percentiles by hardware", "Failure reasons",
-    "Executor contributions", "Records per minute by team",
+    "Executor contributions", "Records per minute by team", "Precision by executor and model",
 }
 
 
-async def _register(conn: asyncpg.Connection, token_id: int, name: str, hardware: dict[str, str],
+async def _register(conn: asyncpg.Connection, token_id: int, name: str, hardware: dict[str, Any],
                     *, team: str | None = None, kinds: tuple[str, ...] = ("embedding",),
                     models: tuple[str, ...] = ("m1",)) -> uuid.UUID:
     executor_id: uuid.UUID = await conn.fetchval(
@@ -162,6 +165,13 @@ async def test_views_answer_per_team(database_url: str) -> None:
                 top["cpu-box"]["chip"]) == (2, 10, 1, "Test CPU")
         assert (top["flaky-mac"]["records_done"], top["flaky-mac"]["failures"]) == (0, 1)
         assert not await conn.fetch("SELECT * FROM grafana_top_executors WHERE team = 'other'")
+
+        # The precision the agent reported with its hardware; executors that report none have no row.
+        precise = await conn.fetch("SELECT * FROM grafana_executor_precision ORDER BY team")
+        assert [(r["team"], r["executor"], r["model"], r["precision"], r["cosine"], r["setting"]) for r in precise] == [
+            ("other", "cpu-box", "m1", "bf16", 0.99998, "auto"),  # a shared executor: under every team
+            ("search", "cpu-box", "m1", "bf16", 0.99998, "auto"),
+        ]
     finally:
         await conn.close()
         await admin.close()

@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,7 @@ from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.jsonl import RecordsError, encode_outputs, parse_records
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.protocol import Claim, ProtocolError, Registration
-from minions.agents.macos.runners.base import PermanentError, Runner, RunnerError
+from minions.agents.macos.runners.base import ChoosesPrecision, PermanentError, Runner, RunnerError
 from minions.agents.macos.runners.registry import build_runners, uses_torch
 from minions.logging import get_logger
 
@@ -100,13 +100,15 @@ class Agent:
         """Serve until cancelled (or a fatal error); then hand back held work and deregister."""
         await self.register()
         registration = self.registration
+        precision = self.hardware_report().get("precision", [])
         log.info("agent_ready", name=self._config.name, executor_id=registration.executor_id,
                  api_url=self._config.api_url, kinds=list(self._runners), models=self._models,
                  preferences=[str(p) for p in self._config.preferences], device=self._hardware.device,
-                 policy=self._config.policy.describe(), heartbeat_interval_s=registration.heartbeat_interval_s)
+                 policy=self._config.policy.describe(), heartbeat_interval_s=registration.heartbeat_interval_s,
+                 precision=precision)
         if sys.stdout.isatty():  # its owner, in a terminal; log files hold JSON only
-            print(describe(self._config, list(self._runners), self._hardware, self._models, registration),
-                  flush=True)
+            print(describe(self._config, list(self._runners), self._hardware, self._models, registration,
+                           precision), flush=True)
         work = asyncio.create_task(self._work_loop(), name="work")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         try:
@@ -122,7 +124,7 @@ class Agent:
     async def register(self) -> Registration:
         payload = {
             "name": self._config.name,
-            "hardware": self._hardware.to_json(),
+            "hardware": self.hardware_report(),
             "kinds": list(self._runners),
             "models": self._models,
             "preferences": [p.to_json() for p in self._config.preferences],
@@ -130,6 +132,15 @@ class Agent:
         self._registration = await self._client.register(payload)
         log.info("registered", executor_id=self._registration.executor_id, name=self._config.name)
         return self._registration
+
+    def hardware_report(self) -> dict[str, Any]:
+        """The machine, and the precision each model loaded so far runs in (with its cosine to
+        fp32), so that users see what a device really computes."""
+        report = self._hardware.to_json()
+        chosen = [c for r in self._runners.values() if isinstance(r, ChoosesPrecision) for c in r.precision_reports()]
+        if chosen:
+            report["precision"] = chosen
+        return report
 
     async def _deregister(self) -> None:
         if self._registration is None:
@@ -283,11 +294,17 @@ class Agent:
 
 
 def describe(
-    config: AgentConfig, kinds: list[str], machine: Hardware, models: list[str], registration: Registration
+    config: AgentConfig,
+    kinds: list[str],
+    machine: Hardware,
+    models: list[str],
+    registration: Registration,
+    precision: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """What the agent tells its owner at start: who it is and what it will serve."""
     prefs = ", ".join(str(p) for p in config.preferences) or "none (global FIFO queue)"
     device = f"{machine.device} ({machine.chip}, {machine.memory_gb} GB, {machine.cpu_count} CPUs, {machine.os})"
+    precisions = ", ".join(f"{p['model']} {p['precision']} (cosine {p['cosine']:.5f})" for p in precision) or "-"
     every = f"every {registration.heartbeat_interval_s:g} s, long poll {registration.long_poll_s:g} s"
     return "\n".join(
         [
@@ -296,6 +313,7 @@ def describe(
             f"  models:      {', '.join(models) or 'none'}",
             f"  preferences: {prefs}",
             f"  device:      {device}",
+            f"  precision:   {precisions}",
             f"  policy:      {config.policy.describe()}",
             f"  heartbeat:   {every}",
         ]
@@ -306,6 +324,19 @@ async def discover_models(config: AgentConfig, runners: Mapping[str, Runner]) ->
     """The configured models plus those the runners find locally, without duplicates."""
     found = await asyncio.gather(*(r.advertised_models() for r in runners.values()))
     return list(dict.fromkeys([*config.models, *(m for models in found for m in models)]))
+
+
+async def prepare_models(runners: Mapping[str, Runner]) -> None:
+    """Load the models the runners hold locally before registering, so that their precision (chosen
+    at load) is reported at registration; a model that fails to load is left to the first subtask."""
+    for runner in runners.values():
+        if not isinstance(runner, ChoosesPrecision):
+            continue
+        for model in await runner.advertised_models():
+            try:
+                await runner.prepare(model)
+            except RunnerError as exc:
+                log.warning("model_prepare_failed", model=model, error=str(exc))
 
 
 async def serve(config: AgentConfig) -> int:
@@ -319,6 +350,7 @@ async def serve(config: AgentConfig) -> int:
         machine = await asyncio.to_thread(hardware.detect, config.device, uses_torch(config))
         runners = build_runners(config, machine.device)
         models = await discover_models(config, runners)
+        await prepare_models(runners)
         async with ExecutorClient(config.api_url, config.token) as client:
             agent = Agent(config, client, runners, OwnerPolicy(config.policy), machine, models)
             await agent.run()

@@ -27,6 +27,7 @@ from typing import Any
 
 from minions import config as minions_config
 from minions import jsoncodec
+from minions.agents.macos.runners.precision import PRECISION_SETTINGS
 
 KINDS = ("embedding", "completion", "sleep")
 COMPLETION_BACKENDS = ("ollama", "transformers")
@@ -107,6 +108,12 @@ class AgentConfig:
     completion_backend: str = "ollama"
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     device: str | None = None  # None: mps, then cuda, then cpu
+    precision: str = "auto"  # embeddings: the fastest precision within min_cosine of fp32
+    min_cosine: float = 0.9999
+    generation_batch_size: int | None = None  # transformers completions; None: the device's default
+    # Requests in flight per subtask: as many as Ollama has slots. OLLAMA_NUM_PARALLEL sets them
+    # when the agent shares Ollama's environment (the usual case); 1 is Ollama's own default.
+    ollama_parallel: int = 1
 
     def validate(self) -> AgentConfig:
         problems = []
@@ -124,6 +131,14 @@ class AgentConfig:
             problems.append("threads must be >= 1")
         if self.device not in (None, "mps", "cuda", "cpu"):
             problems.append("device must be mps, cuda or cpu")
+        if self.precision not in PRECISION_SETTINGS:
+            problems.append(f"precision must be one of {', '.join(PRECISION_SETTINGS)}")
+        if not 0 < self.min_cosine <= 1:
+            problems.append("min_cosine must be in (0, 1]")
+        if self.generation_batch_size is not None and self.generation_batch_size < 1:
+            problems.append("generation_batch_size must be >= 1")
+        if self.ollama_parallel < 1:
+            problems.append("ollama_parallel must be >= 1")
         if self.policy.idle_minutes < 0:
             problems.append("policy.idle_minutes must be >= 0 (0 turns the check off)")
         if problems:
@@ -218,6 +233,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--completion-backend", choices=COMPLETION_BACKENDS, default=s, help="default ollama")
     add("--threads", type=int, default=s, help="torch CPU threads (default: torch's choice)")
     add("--device", choices=("mps", "cuda", "cpu"), default=s, help="force a device")
+    add(
+        "--precision",
+        choices=PRECISION_SETTINGS,
+        default=s,
+        help="embedding precision (default auto: the fastest this device runs natively whose vectors "
+        "stay within --min-cosine of fp32)",
+    )
+    add("--min-cosine", type=float, default=s, help="accuracy gate of --precision auto (default 0.9999)")
+    add(
+        "--generation-batch-size",
+        type=int,
+        default=s,
+        help="records generated together by the transformers completion backend (default: per device)",
+    )
+    add(
+        "--ollama-parallel",
+        type=int,
+        default=s,
+        help="Ollama requests in flight per subtask (default: env OLLAMA_NUM_PARALLEL, else 1)",
+    )
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -280,6 +315,11 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         values["token"] = settings.token
     if env.get("OLLAMA_HOST"):
         values["ollama_host"] = env["OLLAMA_HOST"]
+    if env.get("OLLAMA_NUM_PARALLEL"):
+        try:
+            values["ollama_parallel"] = int(env["OLLAMA_NUM_PARALLEL"])
+        except ValueError:
+            raise AgentConfigError("OLLAMA_NUM_PARALLEL must be an integer") from None
     return values
 
 
@@ -306,6 +346,13 @@ def to_toml(config: AgentConfig) -> str:
         lines.append(f"threads = {config.threads}")
     if config.device is not None:
         lines.append(f"device = {_toml(config.device)}")
+    lines += [
+        f"precision = {_toml(config.precision)}",
+        f"min_cosine = {_toml(config.min_cosine)}",
+        f"ollama_parallel = {config.ollama_parallel}",
+    ]
+    if config.generation_batch_size is not None:
+        lines.append(f"generation_batch_size = {config.generation_batch_size}")
     policy = config.policy
     lines += [
         "",

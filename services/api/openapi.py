@@ -262,7 +262,9 @@ def _request_schemas() -> dict[str, Schema]:
                 "name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": NO_NUL,
                          "description": "The machine's name; registering again with the same name and token "
                                         "updates that executor."},
-                "hardware": {"type": "object", "description": "Free-form description of the machine."},
+                "hardware": {"type": "object", "description": "Free-form description of the machine. The Minions "
+                             "agent adds `precision`: [{model, device, precision, cosine, setting}], the "
+                             "precision it runs each loaded model in and its cosine to fp32."},
                 "kinds": {"type": "array", "minItems": 1, "maxItems": 256,
                           "items": {"type": "string", "enum": list(KINDS)}},
                 "models": _nullable({"type": "array", "maxItems": 1024,

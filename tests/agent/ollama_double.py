@@ -1,6 +1,11 @@
 """OllamaDouble: a test double of an Ollama server, speaking the HTTP API the `ollama` client uses
 (/api/tags, /api/chat, /api/generate, /api/pull; streaming and not), backed by a real tiny causal
-LM, so the agent's Ollama runner is tested through the real client over real HTTP."""
+LM, so the agent's Ollama runner is tested through the real client over real HTTP.
+
+Like Ollama with several slots, it serves requests concurrently (generation runs on threads), and
+it counts how many were in flight at once (`max_in_flight`), so a test can prove requests overlap.
+`delay_s` holds every answer that long first, to make the overlap (and a cancellation) certain.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ class OllamaDouble:
         self.models = list(models)
         self.pullable = set(pullable or [])
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.delay_s = 0.0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.answered = 0  # generations that ran to the end (a cancelled request does not)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -35,7 +44,8 @@ class OllamaDouble:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app())
+        # As Ollama drops a request whose client went away, the handler is cancelled then.
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -113,9 +123,24 @@ class OllamaDouble:
         pieces = [self.tokenizer.decode([t], skip_special_tokens=True) for t in new]
         return pieces, encoded["input_ids"].shape[1], len(new)
 
+    def reset_counts(self) -> None:
+        self.requests.clear()
+        self.max_in_flight = self.answered = 0
+
     async def _answer(self, request: web.Request, body: dict[str, Any], prompt: str, shape: Any) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            return await self._respond(request, body, prompt, shape)
+        finally:
+            self.in_flight -= 1
+
+    async def _respond(self, request: web.Request, body: dict[str, Any], prompt: str, shape: Any) -> web.StreamResponse:
         started = time.monotonic_ns()
         pieces, prompt_count, eval_count = await asyncio.to_thread(self._complete, prompt, body.get("options") or {})
+        self.answered += 1
         final = {
             "model": body["model"],
             "created_at": _now(),

@@ -463,3 +463,25 @@ async def test_rejected_registration_exits_78(w: World) -> None:
     assert b"rejected this agent's registration" in stderr and b"422" in stderr
     assert ("POST", "/api/v1/executors/register", 422) in w.requests()
     assert await w.conn.fetchval("SELECT count(*) FROM executors") == 0
+
+
+async def test_registration_reports_the_precision_chosen_at_load(w: World) -> None:
+    embedding = EmbeddingRunner(TorchSettings(device="cpu", threads=2))
+    runners: dict[str, Runner] = {"embedding": embedding}
+    try:
+        await agent_module.prepare_models(runners)  # what serve() does before registering
+        config = build({"token": w.api.executor, "name": "precise-box"})
+        async with ExecutorClient(w.api.url, w.api.executor) as client:
+            agent = Agent(config, client, runners, OwnerPolicy(PolicyConfig()), MACHINE, [MINILM])
+            await agent.register()
+    finally:
+        await embedding.aclose()
+    [choice] = embedding.precision_choices()
+    [executor] = (await w.api.call("GET", "/api/v1/executors")).body["executors"]
+    [reported] = executor["hardware"]["precision"]
+    assert reported == {"model": MINILM, "device": "cpu", "precision": choice.precision,
+                        "cosine": round(choice.cosine, 7), "setting": "auto"}
+    assert reported["cosine"] >= 0.9999
+    described = agent_module.describe(config, ["embedding"], MACHINE, [MINILM], agent.registration,
+                                      executor["hardware"]["precision"])
+    assert f"precision:   {MINILM} {choice.precision} (cosine" in described

@@ -14,13 +14,10 @@ import pytest
 import pytest_asyncio
 
 from minions.agents.macos.runners.base import Interrupted, PermanentError, RunnerError
-from minions.agents.macos.runners.completion import (
-    CompletionParams,
-    OllamaCompletionRunner,
-    TransformersCompletionRunner,
-    build_prompt,
-)
+from minions.agents.macos.runners.completion import CompletionParams
+from minions.agents.macos.runners.ollama_completion import OllamaCompletionRunner
 from minions.agents.macos.runners.torch_setup import TorchSettings
+from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner, build_prompt
 from tests.agent.factories import subtask
 from tests.agent.local_http import free_port
 from tests.agent.ollama_double import OllamaDouble
@@ -68,6 +65,60 @@ async def test_ollama_runner_prompt_and_chat(double: OllamaDouble) -> None:
 
     again = await runner.run(subtask("completion", "tiny:latest", params, 3), RECORDS)
     assert again == out  # seeded: the same text twice
+
+
+async def test_ollama_requests_overlap_and_keep_input_order(double: OllamaDouble) -> None:
+    records = [{"id": i, "prompt": f"Record {i}: why are idle laptops useful?"} for i in range(7)]
+    params = {"temperature": 0, "max_tokens": 4}
+    sequential = await OllamaCompletionRunner(double.url).run(subtask("completion", "tiny", params, 7), records)
+    double.reset_counts()
+    double.delay_s = 0.3  # every answer takes a while: requests sent together are in flight together
+    try:
+        parallel = await OllamaCompletionRunner(double.url, parallel=3).run(
+            subtask("completion", "tiny", params, 7), records
+        )
+    finally:
+        double.delay_s = 0.0
+    assert double.max_in_flight == 3  # never more than asked, and really concurrent
+    assert parallel == sequential  # same answers, in input order
+    assert [o["id"] for o in parallel] == list(range(7))
+
+
+async def test_cancelling_parallel_ollama_requests_is_immediate(double: OllamaDouble) -> None:
+    records = [{"id": i, "prompt": f"Record {i}"} for i in range(10)]
+    double.reset_counts()
+    double.delay_s = 30.0  # no answer would come before the test times out
+    try:
+        runner = OllamaCompletionRunner(double.url, parallel=4)
+        task = asyncio.create_task(runner.run(subtask("completion", "tiny", {"max_tokens": 2}, 10), records))
+        for _ in range(1000):
+            if double.in_flight == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert double.in_flight == 4
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        for _ in range(200):  # the server sees the connections close and drops the requests
+            if double.in_flight == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        double.delay_s = 0.0
+    assert double.in_flight == 0 and double.answered == 0
+    assert len(double.requests) == 4  # no request was sent after the cancel
+
+
+async def test_parallel_requests_pull_a_missing_model_once(tiny_lm_dirs: dict[str, Path]) -> None:
+    server = OllamaDouble(tiny_lm_dirs["plain"], models=[], pullable=["tiny:fresh"])
+    await server.start()
+    try:
+        runner = OllamaCompletionRunner(server.url, allow_pull=True, parallel=3)
+        out = await runner.run(subtask("completion", "tiny:fresh", {"max_tokens": 2}, 3), RECORDS)
+    finally:
+        await server.stop()
+    assert [o["id"] for o in out] == ["p1", "m1", 3]
+    assert [p for p, _ in server.requests].count("/api/pull") == 1
 
 
 async def test_double_streams_like_ollama(double: OllamaDouble) -> None:
@@ -154,6 +205,45 @@ async def test_transformers_usage_counts_tokens(
     assert out[0]["usage"]["completion_tokens"] <= 5
     greedy = await lm_runner.run(subtask("completion", model, {"temperature": 0, "max_tokens": 5}), RECORDS[:1])
     assert greedy == out
+
+
+def one_at_a_time(model_dir: Path, records: list[dict[str, Any]], max_tokens: int) -> list[str]:
+    """Plain transformers, one record per `generate` call, greedy: the reference for batching."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    texts = []
+    with torch.inference_mode():
+        for record in records:
+            text, special = build_prompt(tokenizer, record, None)
+            encoded = tokenizer(text, return_tensors="pt", add_special_tokens=special)
+            out = model.generate(
+                **encoded, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            new = out[0, encoded["input_ids"].shape[1] :].tolist()
+            eos = model.generation_config.eos_token_id
+            texts.append(tokenizer.decode(new[: new.index(eos) + 1] if eos in new else new, skip_special_tokens=True))
+    return texts
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+async def test_batched_greedy_generation_equals_one_at_a_time(tiny_lm_dirs: dict[str, Path], batch_size: int) -> None:
+    # Prompts of very different lengths: batches are left-padded, some heavily.
+    records: list[dict[str, Any]] = [
+        {"id": i, "prompt": " ".join(["idle laptop embeds text"] * (1 + (i * 7) % 11)) + f" {i}"} for i in range(13)
+    ]
+    records.append({"id": "chat", "messages": [{"role": "user", "content": "What is a lease token?"}]})
+    model = tiny_lm_dirs["plain"]
+    runner = TransformersCompletionRunner(TorchSettings(device="cpu", threads=2, generation_batch_size=batch_size))
+    try:
+        out = await runner.run(subtask("completion", str(model), {"temperature": 0, "max_tokens": 12}, 14), records)
+    finally:
+        await runner.aclose()
+    assert [o["id"] for o in out] == [r["id"] for r in records]
+    assert [o["text"] for o in out] == one_at_a_time(model, records, 12)
+    assert len({o["usage"]["prompt_tokens"] for o in out}) > 5  # the lengths really differ
 
 
 async def test_transformers_chat_template(

@@ -116,6 +116,26 @@ def test_invalid_values_are_named(argv: list[str], message: str) -> None:
         parse(argv)
 
 
+def test_device_settings() -> None:
+    cfg = parse([])
+    assert (cfg.precision, cfg.min_cosine, cfg.generation_batch_size, cfg.ollama_parallel) == ("auto", 0.9999, None, 1)
+    assert parse([], {"OLLAMA_NUM_PARALLEL": "4"}).ollama_parallel == 4  # as many as Ollama's slots
+    cfg = parse(
+        ["--precision", "bf16", "--min-cosine", "0.999", "--generation-batch-size", "8", "--ollama-parallel", "2"],
+        {"OLLAMA_NUM_PARALLEL": "4"},
+    )
+    assert (cfg.precision, cfg.min_cosine, cfg.generation_batch_size, cfg.ollama_parallel) == ("bf16", 0.999, 8, 2)
+    for argv, message in (
+        (["--min-cosine", "1.5"], "min_cosine"),
+        (["--generation-batch-size", "0"], "generation_batch_size"),
+        (["--ollama-parallel", "0"], "ollama_parallel"),
+    ):
+        with pytest.raises(AgentConfigError, match=message):
+            parse(argv)
+    with pytest.raises(AgentConfigError, match="OLLAMA_NUM_PARALLEL"):
+        parse([], {"OLLAMA_NUM_PARALLEL": "many"})
+
+
 def test_missing_token_and_unknown_file_keys(tmp_path: Path) -> None:
     with pytest.raises(AgentConfigError, match="no token"):
         parse([], env={"MINIONS_TOKEN": ""})

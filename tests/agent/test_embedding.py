@@ -137,3 +137,45 @@ async def test_cancel_waits_for_the_worker_thread_to_stop(runner: EmbeddingRunne
     # The worker thread is idle again: the next call runs at once.
     out = await asyncio.wait_for(runner.run(subtask("embedding", MODEL), [{"id": 1, "text": "ok"}]), 10)
     assert len(out[0]["embedding"]) == 384
+
+
+# -- precision and batch size per device -------------------------------------------------------
+
+
+def test_the_fastest_precision_within_the_gate_wins() -> None:
+    from minions.agents.macos.runners.precision import select
+
+    fp32 = {"cosine": 1.0, "ms": 100.0}
+    assert select({"fp32": fp32}, 0.9999) == "fp32"
+    assert select({"fp32": fp32, "bf16": {"cosine": 0.99995, "ms": 50.0}}, 0.9999) == "bf16"
+    assert select({"fp32": fp32, "bf16": {"cosine": 0.9998, "ms": 50.0}}, 0.9999) == "fp32"  # the gate
+    assert select({"fp32": fp32, "bf16": {"cosine": 0.99999, "ms": 99.0}}, 0.9999) == "fp32"  # no real gain
+    both = {"fp32": fp32, "fp16": {"cosine": 0.99999, "ms": 40.0}, "bf16": {"cosine": 0.99995, "ms": 30.0}}
+    assert select(both, 0.9999) == "bf16"
+    assert select({**both, "bf16": {"cosine": 0.999, "ms": 30.0}}, 0.9999) == "fp16"
+
+
+async def test_auto_precision_and_batch_size_are_chosen_at_load(runner: EmbeddingRunner) -> None:
+    from minions.agents.macos.runners.precision import cpu_has_native_bf16
+
+    await runner.run(subtask("embedding", MODEL), [{"id": 1, "text": "warm"}])
+    (choice,) = [c for c in runner.precision_choices() if c.model == MODEL]
+    assert choice.setting == "auto" and choice.device == "cpu" and choice.cosine >= 0.9999
+    # bf16 is only tried where the CPU computes it natively; emulated it is slower than fp32.
+    assert choice.precision in (("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",))
+    assert runner._loaded is not None and runner._loaded.batch_size >= 8
+    assert choice.to_json()["precision"] == choice.precision
+
+
+async def test_forced_bf16_is_used_and_its_cosine_measured(reference: np.ndarray) -> None:
+    forced = EmbeddingRunner(TorchSettings(device="cpu", threads=2, precision="bf16"))
+    try:
+        out = await forced.run(subtask("embedding", MODEL, {"batch_size": 16}, len(TEXTS)), records())
+    finally:
+        await forced.aclose()
+    (choice,) = forced.precision_choices()
+    assert choice.precision == "bf16" and choice.setting == "bf16"
+    assert 0.999 <= choice.cosine < 1.0  # measured, not assumed: bf16 does change the vectors a little
+    got = np.asarray([o["embedding"] for o in out])
+    cosine = np.sum(got * reference, axis=1)
+    assert cosine.min() >= 0.999 and not np.allclose(got, reference, atol=1e-6)

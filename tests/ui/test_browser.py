@@ -40,7 +40,9 @@ MACHINES: list[dict[str, Any]] = [
      "preferences": [{"team": "search", "project": "ranker", "task_name": None}]},
     {"name": "studio-02", "hardware": {"os": "macOS 14.6", "chip": "Apple M2 Ultra", "memory_gb": 192,
                                        "device": "mps"}},
-    {"name": "gpu-box-7", "hardware": {"os": "Ubuntu 24.04", "chip": "NVIDIA L4", "memory_gb": 24, "device": "cuda"}},
+    {"name": "gpu-box-7", "hardware": {"os": "Ubuntu 24.04", "chip": "NVIDIA L4", "memory_gb": 24, "device": "cuda",
+                                       "precision": [{"model": "all-MiniLM-L6-v2", "device": "cuda",
+                                                      "precision": "fp16", "cosine": 0.99996, "setting": "auto"}]}},
 ]
 
 
@@ -255,6 +257,7 @@ async def _executors_page(page: Page) -> None:
     await expect(page.get_by_role("heading", name="Executors", exact=True)).to_be_visible()
     await expect(page.locator("tr[data-executor='anna-mbp']")).to_contain_text("Apple M3 Max")
     await expect(page.locator("tr[data-executor='anna-mbp']")).to_contain_text("search / ranker")
+    await expect(page.locator("tr[data-executor='gpu-box-7'] .precision")).to_have_text("fp16 · cos 0.99996")
     await expect(page.locator("tr[data-executor='bob-air'] .pill")).to_have_text("lost")
     await expect(page.locator("tbody tr")).to_have_count(4)
     # busy executors name the subtask they hold, linked to its task

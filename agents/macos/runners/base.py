@@ -7,7 +7,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from minions.agents.macos.protocol import Subtask
 
@@ -42,6 +42,17 @@ class Runner(Protocol):
 
     async def aclose(self) -> None:
         """Free the runner's resources."""
+
+
+@runtime_checkable
+class ChoosesPrecision(Protocol):
+    """A runner that picks a precision per model at load (the embedding runner)."""
+
+    async def prepare(self, model_name: str) -> Any:
+        """Load `model_name` now, choosing its precision (and batch size)."""
+
+    def precision_reports(self) -> list[dict[str, Any]]:
+        """Per model loaded so far: model, device, precision, cosine to fp32, setting."""
 
 
 class InferenceThread:

@@ -1,7 +1,9 @@
 """The `embedding` kind: transformers encoder, mean (or CLS) pooling, L2 normalisation.
 
 Matches sentence-transformers' `encode(normalize_embeddings=True)` for mean-pooling models, and is
-faster than a plain loop because texts are sorted by length (batches carry little padding).
+faster than a plain loop because texts are sorted by length (batches carry little padding), the
+model runs in the fastest precision that keeps its vectors (precision.py) and batches are as large
+as still pays on this device (batch_sizing.py); both are chosen once, when the model loads.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minions.agents.macos.protocol import Subtask
-from minions.agents.macos.runners import model_paths, torch_setup
+from minions.agents.macos.runners import batch_sizing, model_paths, precision, torch_setup
 from minions.agents.macos.runners.base import (
     InferenceThread,
     PermanentError,
@@ -33,7 +35,7 @@ class EmbeddingParams:
     normalize: bool = True
     pooling: str = "mean"
     max_length: int = 256
-    batch_size: int = 64
+    batch_size: int | None = None  # None: the size chosen for this device at model load
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> EmbeddingParams:
@@ -49,6 +51,8 @@ class EmbeddingParams:
             raise PermanentError(f"params.pooling must be one of {', '.join(POOLINGS)}")
         for name in ("max_length", "batch_size"):
             value = getattr(p, name)
+            if name == "batch_size" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PermanentError(f"params.{name} must be an integer >= 1")
         return p
@@ -58,8 +62,10 @@ class EmbeddingParams:
 class _Loaded:
     name: str
     tokenizer: Any
-    model: Any
+    precise: precision.Precise  # the model in the precision chosen for it
     inputs: frozenset[str]  # the tokenizer outputs the model's forward accepts
+    choice: precision.Choice
+    batch_size: int
 
 
 class EmbeddingRunner:
@@ -71,6 +77,18 @@ class EmbeddingRunner:
         # One model stays loaded across subtasks; a subtask of another model replaces it (owners'
         # memory matters more than the load time of a second model).
         self._loaded: _Loaded | None = None
+        self._choices: dict[str, precision.Choice] = {}  # per model, kept after it is unloaded
+
+    def precision_choices(self) -> list[precision.Choice]:
+        """The precision chosen for each model loaded so far (reported at registration)."""
+        return list(self._choices.values())
+
+    def precision_reports(self) -> list[dict[str, Any]]:
+        return [choice.to_json() for choice in self._choices.values()]
+
+    async def prepare(self, model_name: str) -> precision.Choice:
+        """Load `model_name` now (choosing its precision and batch size), not at the first subtask."""
+        return await self._thread.call(lambda stop: self._load(model_name, stop).choice)
 
     async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
         model = require_model(subtask)
@@ -90,26 +108,38 @@ class EmbeddingRunner:
     ) -> list[list[float]]:
         """Vectors for `texts`, in their order. Blocking: call it on the worker thread."""
         torch = torch_setup.prepare(self._settings)
-        loaded = self._load(model_name)
+        loaded = self._load(model_name, stop)
+        batch_size = params.batch_size or loaded.batch_size
         # Longest first: batches of similar length waste little on padding, and the biggest
         # batch comes first, so running out of memory shows at once.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
         vectors: list[list[float]] = [[] for _ in texts]
         with torch.inference_mode():
-            for start in range(0, len(order), params.batch_size):
+            for start in range(0, len(order), batch_size):
                 check_stop(stop)
-                batch = order[start : start + params.batch_size]
+                batch = order[start : start + batch_size]
                 pooled = self._embed_batch(torch, loaded, [texts[i] for i in batch], params)
                 for i, row in zip(batch, pooled.tolist(), strict=True):
                     vectors[i] = row
         return vectors
 
     def _embed_batch(self, torch: Any, loaded: _Loaded, texts: list[str], params: EmbeddingParams) -> Any:
-        encoded = loaded.tokenizer(
-            texts, padding=True, truncation=True, max_length=params.max_length, return_tensors="pt"
-        )
-        inputs = {k: v.to(self._settings.device) for k, v in encoded.items() if k in loaded.inputs}
-        hidden = loaded.model(**inputs)[0].float()  # pool in fp32 even when the model runs fp16
+        return self._embed_with(torch, loaded.tokenizer, loaded.precise, loaded.inputs, texts, params)
+
+    def _embed_with(
+        self,
+        torch: Any,
+        tokenizer: Any,
+        precise: precision.Precise,
+        accepted: frozenset[str],
+        texts: list[str],
+        params: EmbeddingParams,
+    ) -> Any:
+        encoded = tokenizer(texts, padding=True, truncation=True, max_length=params.max_length, return_tensors="pt")
+        inputs = {k: v.to(self._settings.device) for k, v in encoded.items() if k in accepted}
+        with precise.context():
+            output = precise.model(**inputs)[0]
+        hidden = output.float()  # pool in fp32 whatever precision the model runs in
         if params.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -119,13 +149,34 @@ class EmbeddingRunner:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.cpu()
 
-    def _load(self, name: str) -> _Loaded:
+    def _load(self, name: str, stop: threading.Event | None = None) -> _Loaded:
         if self._loaded is not None and self._loaded.name == name:
             return self._loaded
         if self._loaded is not None:
             self._loaded = None
             torch_setup.free_memory(self._settings.device)
-        tokenizer, model = torch_setup.load_pretrained(name, "AutoModel", "embedding", self._settings.device)
+        torch = torch_setup.prepare(self._settings)
+        settings = self._settings
+        # fp32 first: the reference every faster precision is measured against.
+        tokenizer, model = torch_setup.load_pretrained(name, "AutoModel", "embedding", settings.device, "fp32")
         accepted = frozenset(inspect.signature(model.forward).parameters)
-        self._loaded = _Loaded(name, tokenizer, model, accepted)
+        probe = EmbeddingParams()
+
+        def embed(precise: precision.Precise, texts: list[str]) -> Any:
+            with torch.inference_mode():
+                return self._embed_with(torch, tokenizer, precise, accepted, texts, probe)
+
+        def stopped() -> None:
+            check_stop(stop)
+
+        precise, choice = precision.choose(
+            torch, name, model, settings.device, embed, settings.precision, settings.min_cosine, stopped
+        )
+        del model  # on a GPU the chosen precision is a copy: the fp32 weights can go
+        torch_setup.free_memory(settings.device)
+        sizing = batch_sizing.choose(
+            torch, settings.device, lambda texts: embed(precise, texts), settings.mps_memory_fraction, stopped
+        )
+        self._choices[name] = choice
+        self._loaded = _Loaded(name, tokenizer, precise, accepted, choice, sizing.batch_size)
         return self._loaded

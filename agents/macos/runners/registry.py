@@ -13,7 +13,12 @@ def uses_torch(config: AgentConfig) -> bool:
 
 def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
     torch_settings = TorchSettings(
-        device=device, threads=config.threads, mps_memory_fraction=config.mps_memory_fraction
+        device=device,
+        threads=config.threads,
+        mps_memory_fraction=config.mps_memory_fraction,
+        precision=config.precision,
+        min_cosine=config.min_cosine,
+        generation_batch_size=config.generation_batch_size,
     )
     runners: dict[str, Runner] = {}
     if "sleep" in config.kinds:
@@ -25,10 +30,14 @@ def build_runners(config: AgentConfig, device: str) -> dict[str, Runner]:
 
         runners["embedding"] = EmbeddingRunner(torch_settings)
     if "completion" in config.kinds:
-        from minions.agents.macos.runners import completion
-
         if config.completion_backend == "transformers":
-            runners["completion"] = completion.TransformersCompletionRunner(torch_settings)
+            from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
+
+            runners["completion"] = TransformersCompletionRunner(torch_settings)
         else:
-            runners["completion"] = completion.OllamaCompletionRunner(config.ollama_host, config.allow_pull)
+            from minions.agents.macos.runners.ollama_completion import OllamaCompletionRunner
+
+            runners["completion"] = OllamaCompletionRunner(
+                config.ollama_host, config.allow_pull, parallel=config.ollama_parallel
+            )
     return runners

@@ -13,7 +13,10 @@ from minions.logging import get_logger
 class TorchSettings:
     device: str = "cpu"
     threads: int | None = None
-    mps_memory_fraction: float = 0.5
+    mps_memory_fraction: float = 0.5  # also the memory cap for batch sizing on CUDA
+    precision: str = "auto"  # auto (probe, see precision.py) or fp32, bf16, fp16 to force one
+    min_cosine: float = 0.9999  # the accuracy gate of a faster precision, cosine to fp32
+    generation_batch_size: int | None = None  # None: the device's default (transformers_completion.py)
 
 
 _prepared = False
@@ -39,15 +42,19 @@ def prepare(settings: TorchSettings) -> Any:
     return torch
 
 
-def place(model: Any, device: str) -> Any:
-    """The model on `device`, in eval mode, fp16 on GPUs and fp32 on CPU (whatever dtype the
-    checkpoint was saved in: recent transformers load it as stored)."""
+def place(model: Any, device: str, precision: str = "auto") -> Any:
+    """The model on `device`, in eval mode, in `precision`: auto is fp16 on GPUs and fp32 on CPU
+    (whatever dtype the checkpoint was saved in: recent transformers load it as stored)."""
+    import torch
+
     model = model.to(device)
-    model = model.half() if half_precision(device) else model.float()
-    return model.eval()
+    if precision == "auto":
+        precision = "fp16" if half_precision(device) else "fp32"
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return model.to(dtype).eval()
 
 
-def load_pretrained(name: str, auto_class: str, what: str, device: str) -> tuple[Any, Any]:
+def load_pretrained(name: str, auto_class: str, what: str, device: str, precision: str = "auto") -> tuple[Any, Any]:
     """Tokenizer and model `name` (a local path, the bundled MiniLM or the Hugging Face cache),
     placed on `device`. A model that does not exist is a PermanentError (no retry elsewhere will
     find it); one that failed to load otherwise is a RunnerError (another machine may manage)."""
@@ -66,7 +73,7 @@ def load_pretrained(name: str, auto_class: str, what: str, device: str) -> tuple
         if isinstance(exc, ValueError) or model_paths.is_missing_model_error(exc):
             raise PermanentError(f"unknown {what} model {name!r}: {exc}") from exc
         raise RunnerError(f"cannot load {what} model {name!r}: {exc}") from exc
-    return tokenizer, place(model, device)
+    return tokenizer, place(model, device, precision)
 
 
 def half_precision(device: str) -> bool:

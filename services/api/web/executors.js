@@ -56,6 +56,16 @@ export function executorsView(ctx) {
       h("tbody", shown.map(row)))));
   }
 
+  // The precision the agent chose per model at load (the fastest within its cosine gate to fp32).
+  function precisionLine(precision) {
+    const chosen = Array.isArray(precision) ? precision.filter((p) => p && typeof p === "object") : [];
+    if (!chosen.length) return null;
+    const cosine = (p) => (typeof p.cosine === "number" ? p.cosine.toFixed(5) : "?");
+    return h("div.cell-sub.precision", {
+      title: chosen.map((p) => `${p.model}: ${p.precision} (${p.setting || "auto"}), cosine to fp32 ${cosine(p)}`).join("\n"),
+    }, chosen.map((p) => `${p.precision} · cos ${cosine(p)}`).join(", "));
+  }
+
   function row(e) {
     const hw = e.hardware || {};
     const facts = [hw.os, hw.memory_gb ? `${hw.memory_gb} GB` : null].filter(Boolean);
@@ -71,7 +81,8 @@ export function executorsView(ctx) {
       h("td.cell-hw", e.details_hidden
         ? h("span.muted.nowrap", { title: "A shared executor: its hardware is shown to admins only." }, "not shown")
         : [h("div.nowrap", h("span.strong", hw.chip || "Unknown chip"), hw.device ? h("span.device", hw.device) : null),
-          facts.length ? h("div.cell-sub", facts.join(" · ")) : null]),
+          facts.length ? h("div.cell-sub", facts.join(" · ")) : null,
+          precisionLine(hw.precision)]),
       h("td",
         h("div.chips", (e.kinds || []).map((k) => h("span.kind", { class: `kind-${k}` }, k))),
         models.length ? h("div.cell-sub.truncate", { title: models.join("\n") },
