@@ -37,7 +37,11 @@ chaos: install
 bench: install
 	$(PY) bench/claim.py
 	$(PY) bench/embed_agent.py
+	$(PY) bench/complete_agent.py
 	$(PY) bench/churn.py
+	$(PY) bench/verify_output.py
+	$(PY) bench/inline_submit.py
+	$(PY) bench/cli_help.py --minions $(VENV)/bin/minions
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache
