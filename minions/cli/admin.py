@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _database_flags(p: argparse.ArgumentParser) -> None:
     config.add_arguments(p, ("database_url",))
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
 
 
 def database_url(args: argparse.Namespace) -> str:

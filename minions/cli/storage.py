@@ -42,14 +42,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ):
         p = team_sub.add_parser(name, help=text)
         config.add_arguments(p, ("database_url",))
-        p.add_argument("--data-dir", default=None)
-        p.add_argument("team")
+        p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+        p.add_argument("team", help="the team's name")
         p.add_argument("prefix", help="s3://bucket/prefix")
         p.set_defaults(handler=handler)
     p = team_sub.add_parser("inputs", help="TEAM's allowed s3:// prefixes and stored input bytes")
     config.add_arguments(p, ("database_url", "team_input_quota_bytes"))
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("team")
+    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+    p.add_argument("team", help="the team's name")
     p.set_defaults(handler=team_inputs)
 
 

@@ -51,10 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
     data_dir: Path = args.data_dir.resolve()
-    make_private_dir(data_dir)  # once, before anything runs
-    tighten(data_dir, DIR_MODE)
+    make_private_dir(data_dir)  # a new one is 0700 from the start
     # Before anything starts: a second `minions up` on this data dir (or on a taken port) must not
-    # touch the first one's database, services or up.json.
+    # touch the first one's database, services, up.json or folder modes.
     lock = DataDirLock(data_dir)
     try:
         lock.acquire(f"http://{_host(settings.host)}:{settings.port}")
@@ -63,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         lock.release()
         print(f"minions up: {exc}", file=sys.stderr)
         return 1
+    tighten(data_dir, DIR_MODE)  # one an older version left open (PostgreSQL's start re-allows traversal)
     try:
         return asyncio.run(_up(args, settings, data_dir, listener.fileno()))
     except asyncio.CancelledError:  # stopped by SIGINT/SIGTERM, everything stopped in order

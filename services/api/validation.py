@@ -161,6 +161,10 @@ def _scan(records: memoryview, kind: str, fingerprint: Any, errors: dict[str, st
     try:
         scan = scan_records(kind, records, fingerprint, MAX_FIELD_ERRORS)
     except MalformedRecords as exc:
+        if "integer overflow" in str(exc):
+            # Valid JSON that cannot be stored: a record's field (422), not a malformed body (400).
+            raise invalid({"input.records": "an integer is out of range (records are stored as JSON with "
+                                            "64-bit integers): send it as a string or a float"}) from None
         raise bad_request(f"input.records is not valid JSON: {exc}", "malformed_json") from None
     for index, problem in scan.problems.items():
         errors[f"input.records[{index}]"] = problem

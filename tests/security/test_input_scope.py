@@ -93,7 +93,7 @@ async def test_a_team_cannot_read_another_teams_upload_inline_input_or_results(d
             return bool(task["status"] == "completed")
 
         await eventually(beta_done, "team beta's task to complete")
-        outputs = sorted((services.store_root / "outputs").rglob("*.jsonl"))
+        outputs = sorted((services.store_root / "results").rglob("*.jsonl"))
         assert outputs, "the committed result object is in the store"
 
         # Team alpha names each of team beta's objects: its upload, its inline input, its result.
