@@ -134,14 +134,16 @@ class EmbeddedPostgres:
     def _allow_traversal(self) -> None:
         """Running as root, PostgreSQL runs as its own system user, which must reach pgdata through
         folders of ours that may be private (`minions up` keeps its data dir 0700). Traverse only
-        (o+x), never listing, on each folder above pgdata; on every start, since a private folder
+        (g+x, o+x), never listing, on each folder above pgdata; on every start, since a private folder
         may have been tightened since the last one."""
         if not self.user:
             return
+        # Group too: the server process keeps root's group, and Linux then checks the group bits.
+        traverse = stat.S_IXGRP | stat.S_IXOTH
         for folder in self.pgdata.parents:
             mode = folder.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            if mode & traverse != traverse:
+                folder.chmod(stat.S_IMODE(mode) | traverse)
 
     def start(self) -> None:
         self.init()
