@@ -19,6 +19,8 @@ from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
 from minions.services.api.routes import executors, health, leases, task_details, tasks, tokens
+from minions.services.api.openai import batches as openai_batches
+from minions.services.api.openai import files as openai_files
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -48,6 +50,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app)
+    app.router.add_routes(openai_files.routes)  # OpenAI's API under /v1 (issue 13)
+    app.router.add_routes(openai_batches.routes)
     return app
 
 
