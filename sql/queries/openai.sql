@@ -69,3 +69,15 @@ SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_f
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
+
+-- name: model_online
+-- Whether an executor that is online now (heard from within the lease timeout, $2 s) serves $1.
+SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+                WHERE e.capabilities @> ARRAY[$1::text] AND e.status = 'online'
+                  AND h.alive_at > now() - make_interval(secs => $2));
+
+-- name: submit_interactive
+SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: cancel_task
+SELECT minion_cancel_task($1);

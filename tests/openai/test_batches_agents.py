@@ -114,6 +114,13 @@ async def test_chat_completions_batch_through_the_transformers_backend(database_
         native = await _native(c, "chat", "completion", model,
                                [{"id": str(i), "messages": m} for i, m in enumerate(flat)],
                                params={"max_tokens": 8, "temperature": 0})
+        # The interactive lane, on the same executor: the same completion, synchronously.
+        interactive = await c.call(client.chat.completions.create, model=model, messages=conversations[1],
+                                   max_tokens=8, temperature=0)
+
+    assert interactive.object == "chat.completion" and interactive.choices[0].message.role == "assistant"
+    assert interactive.choices[0].message.content == native[1]["text"]
+    assert interactive.usage.completion_tokens == native[1]["usage"]["completion_tokens"]
 
     assert batch.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
     assert [o["custom_id"] for o in output] == ["chat-0", "chat-1", "chat-2"]
