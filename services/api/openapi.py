@@ -42,6 +42,10 @@ Not described here: `GET`/`PUT /api/v1/store/{key}`, the local store's signed UR
 part of the client API: the server hands them out in leases (`input.url`, `output.url`), and the
 signature in their query string is their only credential, like an S3 presigned URL. This document
 itself is served, without a token, at `GET /api/openapi.json`.
+
+Not described here either: OpenAI's API under `/v1` (files, batches, embeddings, chat completions,
+completions), served with the same tokens. Its contract is OpenAI's own published API; docs/OPENAI.md
+lists what of it is supported and every deliberate difference.
 """
 
 
