@@ -65,7 +65,7 @@ async def test_embeddings_batch_equals_the_native_api_and_cancel_delivers_the_fi
         assert [d["embedding"] for d in several["data"]] == [n["embedding"] for n in native[:3]]
         assert several["usage"]["prompt_tokens"] == several["usage"]["total_tokens"] > 3 * 2
         packed = base64.b64decode(output[1]["response"]["body"]["data"][0]["embedding"])
-        assert np.frombuffer(packed, dtype="<f4").tolist() == native[3]["embedding"]
+        assert np.array_equal(np.frombuffer(packed, dtype="<f4"), np.asarray(native[3]["embedding"], dtype=np.float32))
         assert [o["response"]["body"]["data"][0]["embedding"] for o in output[2:]] == [
             n["embedding"] for n in native[4:]]
 
