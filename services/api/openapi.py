@@ -564,13 +564,22 @@ def _paths() -> dict[str, Schema]:
                 "summary": "The results, one JSON line per input record, in input order",
                 "parameters": [_query_param("partial", {"type": "string", "default": "false"},
                                             "`true` (or `1`, `yes`; any case) streams what is committed so far, "
-                                            "before the task ends; any other value is false.")],
+                                            "before the task ends; any other value is false."),
+                               _query_param("format", {"type": "string", "enum": ["jsonl", "npy"], "default": "jsonl"},
+                                            "`npy`: an embedding task's vectors as one NumPy array (float32, "
+                                            "little-endian, one row per input record, NaN rows for records "
+                                            "with no vector), once the task has ended.")],
                 "responses": _responses(
                     {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
-                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`.",
-                             "content": {NDJSON: {"schema": {"type": "string"}}}}},
+                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`; "
+                                            "with `format=npy`, a .npy file.",
+                             "content": {NDJSON: {"schema": {"type": "string"}},
+                                         "application/octet-stream": {"schema": {"type": "string",
+                                                                                 "format": "binary"}}}}},
                     _AUTHED, **task_errors,
-                    e409="The task has not ended and `partial` was not asked for (`not_finished`).",
+                    e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
+                         "`format=npy`, also a task with no vector (`no_vectors`).",
+                    e422="`format` is not `jsonl` or `npy`, or `npy` for a task that is not `embedding`.",
                 ),
             },
         },

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from minions import jsoncodec
@@ -68,6 +70,17 @@ async def test_embeddings_batch_equals_the_native_api_and_cancel_delivers_the_fi
         assert np.array_equal(np.frombuffer(packed, dtype="<f4"), np.asarray(native[3]["embedding"], dtype=np.float32))
         assert [o["response"]["body"]["data"][0]["embedding"] for o in output[2:]] == [
             n["embedding"] for n in native[4:]]
+
+        # The native results as one array (?format=npy): the same float32 numbers, in input order.
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {c.admin}"}) as http:
+            url = f"{c.services.api_url}/api/v1/tasks/search/native/emb/results"
+            async with http.get(url, params={"format": "npy"}) as r:
+                assert r.status == 200 and r.content_type == "application/octet-stream"
+                array = np.load(io.BytesIO(await r.read()))
+            async with http.get(url, params={"format": "xml"}) as r:
+                assert r.status == 422
+        assert array.dtype == np.dtype("<f4") and array.shape == (12, 384)
+        assert np.array_equal(array, np.asarray([n["embedding"] for n in native], dtype=np.float32))
 
         # Cancel mid-batch: 1,500 requests are three subtasks; cancel once the first is done.
         many = [{"custom_id": f"m{i}", "method": "POST", "url": "/v1/embeddings",
