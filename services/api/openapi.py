@@ -578,8 +578,9 @@ def _paths() -> dict[str, Schema]:
                                                                                  "format": "binary"}}}}},
                     _AUTHED, **task_errors,
                     e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
-                         "`format=npy`, also a task with no vector (`no_vectors`).",
-                    e422="`format` is not `jsonl` or `npy`, or `npy` for a task that is not `embedding`.",
+                         "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
+                         "vector (`no_vectors`).",
+                    e422="`format` is not `jsonl` or `npy`.",
                 ),
             },
         },

@@ -43,11 +43,11 @@ def _rows(lines: list[bytes], dims: int) -> bytes:
 
 
 async def respond(request: web.Request, task: Any) -> web.StreamResponse:
-    fmt = request.query.get("format", "jsonl")
+    fmt = request.query.get("format") or "jsonl"  # empty reads as absent, as every query parameter does
     if fmt not in FORMATS:
         raise invalid({"format": f"must be one of {', '.join(FORMATS)}"})
     if task["kind"] != "embedding":
-        raise invalid({"format": "npy is for embedding tasks"})
+        raise conflict("not_embedding", f"format=npy is for embedding tasks; this one is {task['kind']}")
     if task["finished_at"] is None:
         raise conflict("not_finished", f"task is {task['status']}; an array is ready when it ends")
     rows = task["split_records"]  # a task cancelled mid-split: the records that were split

@@ -157,7 +157,7 @@ async def cancel_task(request: web.Request) -> web.Response:
 async def task_results(request: web.Request) -> web.StreamResponse:
     principal = require(request, "user")
     row = await _task_row(request, principal)
-    if request.query.get("format", "jsonl") != "jsonl":  # ?format=npy: vectors as one array
+    if (request.query.get("format") or "jsonl") != "jsonl":  # ?format=npy: vectors as one array
         from minions.services.api.routes import results_npy  # late: it reads this module's results
         return await results_npy.respond(request, row)
     partial = request.query.get("partial", "false").lower() in ("1", "true", "yes")
