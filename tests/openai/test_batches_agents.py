@@ -44,7 +44,8 @@ async def test_embeddings_batch_equals_the_native_api_and_cancel_delivers_the_fi
     lines += [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
                "body": {"model": MINILM, "input": text}} for i, text in enumerate(texts[4:], start=4)]
     async with openai_cluster(database_url, tmp_path) as c:
-        c.fleet.start("emb", "--threads", "1", kinds=("embedding",))
+        # It also advertises a model it cannot load: that batch's requests fail on the executor.
+        c.fleet.start("emb", "--threads", "1", "--model", "no-such-org/no-such-model", kinds=("embedding",))
         await c.registered("emb")
         client = c.client()
         file_id = await c.upload(client, lines)
@@ -81,6 +82,19 @@ async def test_embeddings_batch_equals_the_native_api_and_cancel_delivers_the_fi
                 assert r.status == 422
         assert array.dtype == np.dtype("<f4") and array.shape == (12, 384)
         assert np.array_equal(array, np.asarray([n["embedding"] for n in native], dtype=np.float32))
+
+        # Requests the executor fails go to the error file; the batch still completes.
+        broken = [{"custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings",
+                   "body": {"model": "no-such-org/no-such-model", "input": t}} for i, t in enumerate(texts[:2])]
+        batch = await c.call(client.batches.create, input_file_id=await c.upload(client, broken),
+                             endpoint="/v1/embeddings", completion_window="24h")
+        batch = await c.batch_until(client, batch.id, "completed")
+        assert batch.request_counts.model_dump() == {"total": 2, "completed": 0, "failed": 2}
+        assert batch.output_file_id is None
+        errors = await c.jsonl(client, batch.error_file_id)
+        assert [(e["custom_id"], e["error"]["code"], e["response"]) for e in errors] == [
+            ("b0", "server_error", None), ("b1", "server_error", None)]
+        assert all("no-such-model" in e["error"]["message"] for e in errors), errors
 
         # Cancel mid-batch: 1,500 requests are three subtasks; cancel once the first is done.
         many = [{"custom_id": f"m{i}", "method": "POST", "url": "/v1/embeddings",
