@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 from aiohttp import web
 
+import minions.services.api.openai.wiring as openai_wiring  # OpenAI's API under /v1 (issue 13)
 from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, create_pool
@@ -18,9 +19,6 @@ from minions.services.api.appkeys import POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
-from minions.services.api.openai import batches as openai_batches
-from minions.services.api.openai import files as openai_files
-from minions.services.api.openai import interactive as openai_interactive
 from minions.services.api.routes import executors, health, leases, task_details, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
@@ -39,11 +37,11 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_middleware, auth_middleware])
     app[SETTINGS] = settings
     app[TOKENS] = TokenCache()
-    app[openai_interactive.TASK_ENDS] = openai_interactive.TaskEnds()
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
     app.router.add_routes(health.routes)
+    openai_wiring.install(app)
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
@@ -52,9 +50,6 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app)
-    app.router.add_routes(openai_files.routes)  # OpenAI's API under /v1 (issue 13)
-    app.router.add_routes(openai_batches.routes)
-    app.router.add_routes(openai_interactive.routes)
     return app
 
 
@@ -91,9 +86,8 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
-    # The token cache listens on the same connection, for revocations.
-    waiters = ClaimWaiters(app[SETTINGS].database_url,
-                           listeners=[app[TOKENS], app[openai_interactive.TASK_ENDS]])
+    # The token cache listens on the same connection, for revocations; the /v1 lane for its tasks' ends.
+    waiters = ClaimWaiters(app[SETTINGS].database_url, listeners=[app[TOKENS], openai_wiring.listener(app)])
     await waiters.start()
     app[WAITERS] = waiters
     yield
