@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 from aiohttp import web
 
+import minions.services.api.openai.wiring as openai_wiring  # OpenAI's API under /v1 (issue 13)
 from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, create_pool
@@ -46,6 +47,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
     app.router.add_routes(health.routes)
+    openai_wiring.install(app)
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)
     app.router.add_routes(leases.routes)
@@ -101,9 +103,9 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 
 
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
-    # The token cache listens on the same connection, for revocations.
+    # The token cache listens on the same connection, for revocations; the /v1 lane for its tasks' ends.
     waiters = ClaimWaiters(app[SETTINGS].database_url, probe_interval_s=app[SETTINGS].listen_probe_s,
-                           listeners=[app[TOKENS]])
+                           listeners=[app[TOKENS], openai_wiring.listener(app)])
     await waiters.start()
     app[WAITERS] = waiters
     yield

@@ -44,6 +44,10 @@ signature in their query string is their only credential, like an S3 presigned U
 only while the lease it was issued for is live (else 403 `lease_ended`), and a PUT over
 `MINIONS_MAX_OUTPUT_BYTES`, default 256 MiB, is 413 `too_large` and stores nothing. This document
 itself is served, without a token, at `GET /api/openapi.json`.
+
+Not described here either: OpenAI's API under `/v1` (files, batches, embeddings, chat completions,
+completions), served with the same tokens. Its contract is OpenAI's own published API; docs/OPENAI.md
+lists what of it is supported and every deliberate difference.
 """
 
 
@@ -584,13 +588,23 @@ def _paths() -> dict[str, Schema]:
                 "summary": "The results, one JSON line per input record, in input order",
                 "parameters": [_query_param("partial", {"type": "string", "default": "false"},
                                             "`true` (or `1`, `yes`; any case) streams what is committed so far, "
-                                            "before the task ends; any other value is false.")],
+                                            "before the task ends; any other value is false."),
+                               _query_param("format", {"type": "string", "enum": ["jsonl", "npy"], "default": "jsonl"},
+                                            "`npy`: an embedding task's vectors as one NumPy array (float32, "
+                                            "little-endian, one row per input record, NaN rows for records "
+                                            "with no vector), once the task has ended.")],
                 "responses": _responses(
                     {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
-                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`.",
-                             "content": {NDJSON: {"schema": {"type": "string"}}}}},
+                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`; "
+                                            "with `format=npy`, a .npy file.",
+                             "content": {NDJSON: {"schema": {"type": "string"}},
+                                         "application/octet-stream": {"schema": {"type": "string",
+                                                                                 "format": "binary"}}}}},
                     _AUTHED, **task_errors,
-                    e409="The task has not ended and `partial` was not asked for (`not_finished`).",
+                    e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
+                         "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
+                         "vector (`no_vectors`).",
+                    e422="`format` is not `jsonl` or `npy`.",
                 ),
             },
         },

@@ -179,3 +179,19 @@ async def test_forced_bf16_is_used_and_its_cosine_measured(reference: np.ndarray
     got = np.asarray([o["embedding"] for o in out])
     cosine = np.sum(got * reference, axis=1)
     assert cosine.min() >= 0.999 and not np.allclose(got, reference, atol=1e-6)
+
+
+async def test_vectors_are_written_as_float32_shortest_text(runner: EmbeddingRunner) -> None:
+    """Output values are the shortest text that round-trips float32: the very same float32 numbers
+    in about half the bytes of the same values written as doubles."""
+    from minions import jsoncodec
+    from minions.agents.macos.jsonl import encode_outputs
+
+    out = await runner.run(subtask("embedding", MODEL, {}, len(TEXTS)), records())
+    assert all(o["usage"]["prompt_tokens"] >= 2 for o in out)  # [CLS] and [SEP] at least (an empty text)
+    assert max(o["usage"]["prompt_tokens"] for o in out) == 256  # the long text, truncated at max_length
+    body = encode_outputs(records(), out)
+    as_doubles = b"".join(jsoncodec.dumps_line({**o, "embedding": [float(x) for x in o["embedding"]]}) for o in out)
+    assert len(body) < 0.6 * len(as_doubles)
+    parsed = np.asarray([jsoncodec.loads(line)["embedding"] for line in body.splitlines()], dtype=np.float32)
+    assert np.array_equal(parsed, np.asarray([o["embedding"] for o in out], dtype=np.float32))

@@ -210,6 +210,9 @@ async def delete_task(request: web.Request) -> web.Response:
 async def task_results(request: web.Request) -> web.StreamResponse:
     principal = require(request, "user")
     row = await _task_row(request, principal)
+    if (request.query.get("format") or "jsonl") != "jsonl":  # ?format=npy: vectors as one array
+        from minions.services.api.routes import results_npy  # late: it reads this module's results
+        return await results_npy.respond(request, row)
     partial = request.query.get("partial", "false").lower() in ("1", "true", "yes")
     if row["finished_at"] is None and not partial:
         raise conflict("not_finished", f"task is {row['status']}; results are ready when it ends "

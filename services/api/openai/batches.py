@@ -1,0 +1,166 @@
+"""/v1/batches: create (the input file checked and translated into a Minions task), show, cancel,
+list. Team from the token; project from metadata["project"] or "openai" (docs/OPENAI.md)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.names import is_name
+from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.auth import Principal, require
+from minions.services.api.bodies import json_object, query_int
+from minions.services.api.errors import conflict, invalid, not_found
+from minions.services.api.openai.files import file_row
+from minions.services.api.openai.finalize import settle
+from minions.services.api.openai.lines import batched, lines_of
+from minions.services.api.openai.objects import batch_object, team_scope, visible
+from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
+from minions.services.api.openai.validate import InputCheck
+from minions.services.api.responses import json_response
+from minions.services.api.validation import DEFAULT_SUBTASK_SIZE
+
+Q = Queries("openai")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+DEFAULT_TEAM = "openai"  # for a token scoped to no team, unless metadata names one
+DEFAULT_PROJECT = "openai"
+WINDOW = re.compile(r"([0-9]{1,6})(h|m|s)")
+MAX_WINDOW_S = 7 * 24 * 3600
+
+
+def _window_s(value: Any) -> float | None:
+    match = WINDOW.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    seconds = int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]]
+    return float(seconds) if 1 <= seconds <= MAX_WINDOW_S else None
+
+
+def _metadata_problem(metadata: Any) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        return "must be an object of at most 16 string values"
+    for key, value in metadata.items():
+        if len(key) > 64 or not isinstance(value, str) or len(value) > 512 or "\x00" in key + value:
+            return "keys up to 64 characters, values strings up to 512"
+    return None
+
+
+def _team_and_project(principal: Principal, metadata: dict[str, str]) -> tuple[str, str]:
+    team = principal.team or metadata.get("team") or DEFAULT_TEAM
+    project = metadata.get("project") or DEFAULT_PROJECT
+    problems = {}
+    if principal.team is not None and principal.role != "admin" and metadata.get("team", team) != team:
+        problems["metadata.team"] = f"your token is scoped to team {principal.team}"
+    for key, value in (("metadata.team", team), ("metadata.project", project)):
+        if not is_name(value):
+            problems[key] = "not a valid name (1-64 of A-Za-z0-9._-, starting alphanumeric)"
+    if problems:
+        raise invalid(problems)
+    return team, project
+
+
+@routes.post("/v1/batches")
+async def create_batch(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    body = await json_object(request)
+    problems = {}
+    endpoint = body.get("endpoint")
+    if endpoint not in ENDPOINT_KIND:
+        problems["endpoint"] = f"must be one of {', '.join(ENDPOINT_KIND)}"
+    window_s = _window_s(body.get("completion_window"))
+    if window_s is None:
+        problems["completion_window"] = "must be a duration such as 24h, 90m or 30s (at most 168h)"
+    if not isinstance(body.get("input_file_id"), str):
+        problems["input_file_id"] = "is required"
+    if (problem := _metadata_problem(body.get("metadata"))) is not None:
+        problems["metadata"] = problem
+    unknown = sorted(set(body) - {"input_file_id", "endpoint", "completion_window", "metadata"})
+    for key in unknown:
+        problems[key] = "unknown field"
+    if problems:
+        raise invalid(problems)
+    assert isinstance(endpoint, str) and window_s is not None
+    metadata = body.get("metadata") or {}
+    team, project = _team_and_project(principal, metadata)
+    source = await file_row(request, principal, body["input_file_id"])
+    if source["purpose"] != "batch":
+        raise invalid({"input_file_id": f"the file's purpose is {source['purpose']}, not batch"})
+
+    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
+    batch_id = new_id("batch_")
+    check = InputCheck(endpoint)
+    input_uri, _ = await store.put_stream(f"inputs/openai/{batch_id}.jsonl",
+                                          batched(check.records(lines_of(store.read(source["uri"])))))
+    kind = ENDPOINT_KIND[endpoint]
+    if check.requests == 0:
+        check.error(1, "empty_file", "the input file holds no requests")
+    elif check.model is not None and not await pool.fetchval(Q.model_served, f"{kind}:{check.model}"):
+        check.error(check.model_line, "model_not_found",
+                    f"no executor serves {kind} with model {check.model!r}", "body.model")
+    args = (batch_id, team, endpoint, source["id"], body["completion_window"], window_s, body.get("metadata"))
+    if check.errors:
+        await store.delete(input_uri)
+        if check.error_count > len(check.errors):
+            check.errors.append({"code": "too_many_errors", "line": None, "param": None,
+                                 "message": f"{check.error_count - len(check.errors)} more errors not shown"})
+        await pool.execute(Q.reject_batch, *args, check.errors, check.requests, principal.token_id)
+        log.info("openai_batch_rejected", batch_id=batch_id, errors=check.error_count)
+    else:
+        assert check.model is not None
+        await pool.execute(Q.submit_batch, batch_id, team, project, kind, check.model, check.params,
+                           DEFAULT_SUBTASK_SIZE[kind], settings.max_attempts, input_uri, endpoint, source["id"],
+                           body["completion_window"], window_s, body.get("metadata"), check.requests,
+                           check.records_total, principal.token_id, 0)
+        log.info("openai_batch_submitted", batch_id=batch_id, team=team, project=project, requests=check.requests)
+    return json_response(batch_object(await pool.fetchrow(Q.batch_by_id, batch_id)))
+
+
+async def _batch_row(request: web.Request, principal: Principal) -> Any:
+    batch_id = request.match_info["batch_id"]
+    pool = request.app[POOL]
+    row = await pool.fetchrow(Q.batch_by_id, batch_id)
+    if row is None or not visible(principal, row["team"]):
+        raise not_found(f"batch {batch_id}")
+    if await settle(request, row):
+        row = await pool.fetchrow(Q.batch_by_id, batch_id)
+    return row
+
+
+@routes.get("/v1/batches/{batch_id}")
+async def show_batch(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    return json_response(batch_object(await _batch_row(request, principal)))
+
+
+@routes.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    row = await _batch_row(request, principal)
+    pool = request.app[POOL]
+    if not await pool.fetchval(Q.end_batch, row["id"], "cancel"):
+        status = batch_object(row)["status"]
+        if status not in ("cancelling", "cancelled"):
+            raise conflict("batch_finished", f"batch is {status}; only a batch in progress can be cancelled")
+    else:
+        log.info("openai_batch_cancelled", batch_id=row["id"])
+    row = await pool.fetchrow(Q.batch_by_id, row["id"])
+    await settle(request, row)
+    return json_response(batch_object(await pool.fetchrow(Q.batch_by_id, row["id"])))
+
+
+@routes.get("/v1/batches")
+async def list_batches(request: web.Request) -> web.Response:
+    principal = require(request, "user")
+    limit = query_int(request, "limit", 20, 1, 100)
+    rows = await request.app[POOL].fetch(Q.list_batches, team_scope(principal), request.query.get("after") or None,
+                                         limit + 1)
+    data = [batch_object(r) for r in rows[:limit]]
+    return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                          "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})

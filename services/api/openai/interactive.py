@@ -1,0 +1,145 @@
+"""The interactive lane: POST /v1/embeddings, /v1/chat/completions and /v1/completions answered
+synchronously by the same pull executors. A request becomes a one-subtask task above every native
+priority (split in the same transaction, sql/141_openai_interactive.sql); the handler waits for the
+task's end on the `task_ended` channel (the API's one LISTEN connection: no polling) and answers
+with the executor's result in OpenAI's shape. With no online executor serving the model it answers
+503 with Retry-After at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.db.queries import Queries
+from minions.logging import get_logger
+from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.auth import require
+from minions.services.api.bodies import json_object
+from minions.services.api.errors import ApiError, invalid
+from minions.services.api.openai.lines import lines_of
+from minions.services.api.openai.translate import ENDPOINT_KIND, LineError, new_id, parse_body, response_body
+from minions.services.api.responses import json_response
+from minions.services.api.routes import tasks as task_routes
+
+Q = Queries("openai")
+log = get_logger(__name__)
+routes = web.RouteTableDef()
+DEFAULT_TEAM = "openai"
+PROJECT = "interactive"
+WAIT_S = 300.0  # longest a request waits for its executor before it is cancelled (504)
+RETRY_AFTER_S = "5"
+
+
+class TaskEnds:
+    """Handlers waiting for their task's end, woken by NOTIFY on `task_ended` (a ChannelListener of
+    the API's one LISTEN connection, services/api/claim_waiters.py)."""
+
+    channel = "task_ended"
+
+    def __init__(self) -> None:
+        self._events: dict[int, asyncio.Event] = {}
+        self.listening = False
+
+    def notified(self, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            event = self._events.get(int(payload))
+            if event is not None:
+                event.set()
+
+    def listening_changed(self, listening: bool) -> None:
+        self.listening = listening
+        if not listening:  # a notification may be missed meanwhile: every waiter looks again
+            for event in self._events.values():
+                event.set()
+
+    @contextlib.contextmanager
+    def waiting(self, task_id: int) -> Iterator[asyncio.Event]:
+        event = self._events[task_id] = asyncio.Event()
+        try:
+            yield event
+        finally:
+            self._events.pop(task_id, None)
+
+
+TASK_ENDS = web.AppKey("openai_task_ends", TaskEnds)
+
+
+def _unavailable(message: str) -> ApiError:
+    return ApiError(503, "no_executor", message, headers={"Retry-After": RETRY_AFTER_S})
+
+
+async def _answer(request: web.Request, endpoint: str) -> web.Response:
+    principal = require(request, "user")
+    body = await json_object(request)
+    try:
+        parsed = parse_body(body, endpoint, "", "0")
+    except LineError as exc:
+        raise invalid({exc.param or "body": exc.message}) from None
+    if endpoint == "/v1/embeddings" and len(parsed.records) > 2048:
+        raise invalid({"input": "at most 2048 inputs per request"})
+    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
+    ends = request.app[TASK_ENDS]
+    kind = ENDPOINT_KIND[endpoint]
+    if not await pool.fetchval(Q.model_online, f"{kind}:{parsed.model}", settings.lease_timeout_s):
+        raise _unavailable(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
+    if not ends.listening:
+        raise _unavailable("this API process is reconnecting to the database; retry shortly")
+
+    name = new_id("req_")
+    data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)
+    input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
+    task_id = await pool.fetchval(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
+                                  parsed.model, parsed.params, settings.max_attempts, input_uri, len(data),
+                                  len(parsed.records), principal.token_id)
+    task = await _ended(request, ends, task_id)
+    results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))
+               if line.strip()]
+    outcome = response_body(endpoint, body, results)
+    if outcome.body is None:
+        assert outcome.error is not None
+        raise ApiError(502, "executor_failed", f"the executor failed the request: {outcome.error[1]}")
+    return json_response(outcome.body)
+
+
+async def _ended(request: web.Request, ends: TaskEnds, task_id: int) -> Any:
+    """The task's row once it has ended. Registered before the first look, so an end notified in
+    between is not missed; a request that waits too long (or whose client leaves) is cancelled."""
+    pool = request.app[POOL]
+    finished = False
+    try:
+        with ends.waiting(task_id) as event:
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while True:
+                task = await pool.fetchrow(Q.task_row, task_id)
+                if task["finished_at"] is not None:
+                    finished = True
+                    return task
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise ApiError(504, "timeout", f"no executor answered within {WAIT_S:.0f} s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+                event.clear()
+    finally:
+        if not finished:  # timed out, or the client hung up: nobody will read the answer
+            await asyncio.shield(pool.fetchval(Q.cancel_task, task_id))
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    return await _answer(request, "/v1/embeddings")
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: web.Request) -> web.Response:
+    return await _answer(request, "/v1/chat/completions")
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.Response:
+    return await _answer(request, "/v1/completions")

@@ -1,0 +1,83 @@
+-- Every statement of the OpenAI adapter (/v1, services/api/openai), by name.
+
+-- name: add_file
+SELECT minion_openai_add_file($1, $2, $3, $4, $5, $6, $7);
+
+-- name: file_by_id
+SELECT id, team::text AS team, purpose, filename, bytes, uri, created_at
+FROM openai_files WHERE id = $1 AND deleted_at IS NULL;
+
+-- name: list_files
+-- $1 team scope (NULL: every team), $2 purpose (NULL: any), $3 after (a file id; NULL: from the
+-- newest), $4 limit. Newest first.
+SELECT id, team::text AS team, purpose, filename, bytes, uri, created_at
+FROM openai_files
+WHERE deleted_at IS NULL
+  AND ($1::text IS NULL OR team = $1)
+  AND ($2::text IS NULL OR purpose = $2)
+  AND ($3::text IS NULL OR seq < (SELECT seq FROM openai_files WHERE id = $3))
+ORDER BY seq DESC
+LIMIT $4;
+
+-- name: delete_file
+SELECT minion_openai_delete_file($1);
+
+-- name: model_served
+-- Whether any executor that is not offline advertises this capability ('kind:model').
+SELECT EXISTS (SELECT 1 FROM executors WHERE capabilities @> ARRAY[$1::text] AND status <> 'offline');
+
+-- name: submit_batch
+SELECT minion_openai_submit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
+
+-- name: reject_batch
+SELECT minion_openai_reject_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+
+-- name: batch_by_id
+SELECT b.*, b.team::text AS team, t.status AS task_status, t.finished_at AS task_finished_at,
+       t.records_done AS task_records_done
+FROM openai_batches b LEFT JOIN tasks t ON t.id = b.task_id
+WHERE b.id = $1;
+
+-- name: list_batches
+-- $1 team scope (NULL: every team), $2 after (a batch id; NULL: from the newest), $3 limit.
+SELECT b.*, b.team::text AS team, t.status AS task_status, t.finished_at AS task_finished_at,
+       t.records_done AS task_records_done
+FROM openai_batches b LEFT JOIN tasks t ON t.id = b.task_id
+WHERE ($1::text IS NULL OR b.team = $1)
+  AND ($2::text IS NULL OR b.seq < (SELECT seq FROM openai_batches WHERE id = $2))
+ORDER BY b.seq DESC
+LIMIT $3;
+
+-- name: end_batch
+SELECT minion_openai_end_batch($1, $2);
+
+-- name: begin_finalize
+SELECT coalesce(minion_openai_begin_finalize($1, $2), false);
+
+-- name: finish_batch
+SELECT minion_openai_finish_batch($1, $2, $3, $4, $5);
+
+-- name: batches_to_settle
+-- Open batches whose task has ended or whose window has passed: the finalizer's work.
+SELECT b.id FROM openai_batches b JOIN tasks t ON t.id = b.task_id
+WHERE b.completed_at IS NULL AND b.failed_at IS NULL AND b.expired_at IS NULL AND b.cancelled_at IS NULL
+  AND (t.finished_at IS NOT NULL OR b.expires_at < now())
+ORDER BY b.seq LIMIT 100;
+
+-- name: task_row
+SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled
+FROM tasks t
+CROSS JOIN LATERAL minion_task_counts(t.id) c
+WHERE t.id = $1;
+
+-- name: model_online
+-- Whether an executor that is online now (heard from within the lease timeout, $2 s) serves $1.
+SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+                WHERE e.capabilities @> ARRAY[$1::text] AND e.status = 'online'
+                  AND h.alive_at > now() - make_interval(secs => $2));
+
+-- name: submit_interactive
+SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: cancel_task
+SELECT minion_cancel_task($1);
