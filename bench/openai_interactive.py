@@ -30,10 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 import aiohttp  # noqa: E402
-from minions.testing.cluster import Cluster, DedicatedPostgres, eventually  # noqa: E402
 
 from minions.db.connect import connect  # noqa: E402
 from minions.sample import sentences  # noqa: E402
+from minions.testing.cluster import Cluster, DedicatedPostgres, eventually  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from minions import jsoncodec
 from minions.sample import embedding_records
+from minions.testing.waiting import eventually
 from tests.agent import tiny_lm
 from tests.openai.conftest import MINILM, OpenAICluster, openai_cluster
-from minions.testing.waiting import eventually
 
 
 async def _native(c: OpenAICluster, name: str, kind: str, model: str, records: list[dict[str, Any]],

@@ -10,8 +10,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.openai.conftest import MINILM, OpenAICluster, openai_cluster
 from minions.testing.factories import make_token
+from tests.openai.conftest import MINILM, OpenAICluster, openai_cluster
 
 
 def _line(custom_id: str, text: str = "hello", **overrides: object) -> dict[str, object]:

@@ -7,7 +7,7 @@ import re
 
 from minions.config import Settings
 from minions.services.api.app import create_app
-from minions.testing.processes import REPO
+from tests.support.paths import REPO
 
 
 def test_every_v1_route_is_in_openai_md_and_every_listed_one_is_routed() -> None:

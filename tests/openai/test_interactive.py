@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from minions import jsoncodec
-from tests.openai.conftest import MINILM, openai_cluster
 from minions.testing.waiting import eventually
+from tests.openai.conftest import MINILM, openai_cluster
 
 
 async def test_embeddings_create_is_answered_by_an_agent(database_url: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from minions import jsoncodec
 from minions.sample import embedding_records
 from tests.openai.conftest import MINILM, openai_cluster
-from minions.testing.processes import REPO
+from tests.support.paths import REPO
 
 
 def readme_example() -> str:
