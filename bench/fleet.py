@@ -74,7 +74,7 @@ class SimExecutor:
                     else:
                         self.stats["errors"][f"register {resp.status}"] += 1
                         await asyncio.sleep(1)
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 self.stats["errors"][f"register {type(exc).__name__}"] += 1
                 await asyncio.sleep(1)
         self.stats["registered"] += 1
@@ -92,7 +92,7 @@ class SimExecutor:
                 async with session.post(url, params={"wait": str(LONG_POLL_S)}, headers=self.headers) as resp:
                     status = resp.status
                     body = await resp.read()
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 self.stats["errors"][f"claim {type(exc).__name__}"] += 1
                 await asyncio.sleep(1)
                 continue
@@ -124,7 +124,7 @@ class SimExecutor:
                     self.stats["errors"][f"complete {resp.status}"] += 1
                 else:
                     self.stats["completed"] += 1
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.stats["errors"][f"work {type(exc).__name__}"] += 1
         finally:
             self.leases.remove(token)
@@ -141,7 +141,7 @@ class SimExecutor:
                         self.stats["heartbeats"] += 1
                     else:
                         self.stats["errors"][f"heartbeat {resp.status}"] += 1
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 self.stats["errors"][f"heartbeat {type(exc).__name__}"] += 1
             await asyncio.sleep(self.heartbeat_s)
 
