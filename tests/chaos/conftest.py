@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from minions.testing.cluster import Cluster, ClusterFactory, DedicatedPostgres
+from minions.testing.agents import AgentFleet
+from minions.testing.balancer import LONG_POLL_S, ReplicatedServices
+from minions.testing.cluster import HEARTBEAT_S, LEASE_TIMEOUT_S, Cluster, ClusterFactory, DedicatedPostgres
+from minions.testing.factories import make_tokens
 
 _FAILED = pytest.StashKey[bool]()
 
@@ -59,3 +62,19 @@ async def dedicated_pg() -> AsyncIterator[tuple[DedicatedPostgres, str]]:
         yield pg, url
     finally:
         pg.close()
+
+
+@pytest.fixture
+async def replicated(request: pytest.FixtureRequest, database_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Three API replicas behind HAProxy, two splitters, two watchdogs (tests/chaos/balancer.py)."""
+    admin, executor = await make_tokens(database_url)
+    services = ReplicatedServices(database_url, tmp_path / "replicas", heartbeat_interval_s=HEARTBEAT_S,
+                                  lease_timeout_s=LEASE_TIMEOUT_S, long_poll_s=LONG_POLL_S)
+    cluster = Cluster(services, AgentFleet(services, executor), admin, executor)
+    try:
+        await services.start_all()
+        yield cluster
+    finally:
+        if request.node.stash.get(_FAILED, False):
+            print(cluster.logs())
+        await cluster.close()
