@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 from minions import config
 from minions.cli import connection, tokens
@@ -54,13 +53,8 @@ def _database_flags(p: argparse.ArgumentParser) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    settings = config.from_args(args)
-    url = settings.database_url or connection.read_up_json(
-        None if args.data_dir is None else Path(args.data_dir)).get("database_url", "")
-    if not url:
-        raise SystemExit("minions: no database: pass --database-url, set MINIONS_DATABASE_URL, "
-                         "or run `minions up` here first")
-    return url
+    return connection.server_setting(config.from_args(args).database_url, args.data_dir, "database_url",
+                                     "pass --database-url or set MINIONS_DATABASE_URL")
 
 
 def db_migrate(args: argparse.Namespace) -> int:

@@ -59,6 +59,15 @@ def read_up_json(data_dir: Path | None) -> dict[str, str]:
     return _read(up_json_path(data_dir))
 
 
+def server_setting(given: str, data_dir: str | None, key: str, how: str) -> str:
+    """A server-side setting of an operator command (the database, the store): the flag or variable
+    if `given`, else what the `minions up` of `data_dir` (or of here) wrote; `how` says how to give it."""
+    value = given or read_up_json(None if data_dir is None else Path(data_dir)).get(key, "")
+    if not value:
+        raise SystemExit(f"minions: no {key.replace('_', ' ')}: {how}, or run `minions up` here first")
+    return value
+
+
 def publish_up_json(data_dir: Path, info: dict[str, str]) -> None:
     """Written by `minions up` once it is up: the state dir's up.json names this data dir."""
     folder = state_dir()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 import asyncpg
 
@@ -54,13 +53,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _store_uri(args: argparse.Namespace) -> str:
-    settings = config.from_args(args)
-    uri = settings.store or connection.read_up_json(
-        None if args.data_dir is None else Path(args.data_dir)).get("store", "")
-    if not uri:
-        raise SystemExit("minions: no object store: pass --store, set MINIONS_STORE, "
-                         "or run `minions up` here first")
-    return uri
+    return connection.server_setting(config.from_args(args).store, args.data_dir, "store",
+                                     "pass --store or set MINIONS_STORE")
 
 
 def _print_progress(phase: str, report: GcReport) -> None:
