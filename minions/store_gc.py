@@ -78,7 +78,7 @@ class Collector:
         await self._stale_records()
         await self._walk("inputs/", self._unowned_inputs)
         await self._walk("outputs/", self._garbage_outputs)
-        await self._walk("results/", self._garbage_outputs)
+        await self._walk("results/", self._garbage_results)
         self._progress("done", self.report)
         return self.report
 
@@ -121,8 +121,14 @@ class Collector:
             await self._remove(by_uri[row["uri"]], self.report.inputs)
 
     async def _garbage_outputs(self, batch: list[ListedObject]) -> None:
+        await self._judge_keys(Q.garbage_outputs, batch)
+
+    async def _garbage_results(self, batch: list[ListedObject]) -> None:
+        await self._judge_keys(Q.garbage_results, batch)
+
+    async def _judge_keys(self, query: str, batch: list[ListedObject]) -> None:
         by_key = {found.key: found for found in batch}
-        for row in await self.conn.fetch(Q.garbage_outputs, list(by_key)):
+        for row in await self.conn.fetch(query, list(by_key)):
             await self._remove(by_key[row["key"]], self.report.outputs)
 
     async def _delete_uri(self, uri: str, size: int) -> None:

@@ -12,3 +12,6 @@ SELECT minion_gc_unowned_inputs AS uri FROM minion_gc_unowned_inputs($1);
 
 -- name: garbage_outputs
 SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1);
+
+-- name: garbage_results
+SELECT minion_gc_results AS key FROM minion_gc_results($1);

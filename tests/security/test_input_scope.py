@@ -18,25 +18,15 @@ import pytest
 
 from minions import jsoncodec
 from minions.db.connect import connect
-from minions.testing.factories import make_token
 from minions.testing.processes import IMPORT_ROOT, Services
 from minions.testing.sleep_executor import SleepExecutor
 from minions.testing.waiting import eventually
 from tests.support.s3 import FAKE_ENV, moto_server
+from tests.support.tenants import tenant_tokens
 
 BUCKET = "minions-scope"
 RECORDS = b"".join(jsoncodec.dumps_line({"id": f"secret-{i}", "ms": 1}) for i in range(5))
 
-
-async def _tokens(database_url: str) -> dict[str, str]:
-    conn = await connect(database_url)
-    try:
-        return {"alpha": (await make_token(conn, "user", "alpha"))[0],
-                "beta": (await make_token(conn, "user", "beta"))[0],
-                "admin": (await make_token(conn, "admin"))[0],
-                "executor": (await make_token(conn, "executor"))[0]}
-    finally:
-        await conn.close()
 
 
 async def _call(api_url: str, token: str, method: str, path: str, *, json: Any = None,
@@ -75,7 +65,7 @@ async def test_a_team_cannot_read_another_teams_upload_inline_input_or_results(d
                                                                                 tmp_path: Path) -> None:
     services = Services(database_url, tmp_path / "services")
     await services.start_all()
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     executor = SleepExecutor(services.api_url, tokens["executor"], "scope-ex")
     stop = asyncio.Event()
     runner = asyncio.create_task(executor.run(stop))
@@ -147,7 +137,7 @@ async def test_s3_inputs_need_a_prefix_an_operator_allowed_for_the_team(database
     services.workdir.mkdir(parents=True)
     services.start("api")
     await services.wait_healthy()
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="testing", aws_secret_access_key="testing")
     for key in ("shared/alpha/in.jsonl", "shared/alpha-other/in.jsonl", "private/beta.jsonl"):

@@ -20,24 +20,14 @@ import yarl
 
 from minions import jsoncodec
 from minions.db.connect import connect
-from minions.testing.factories import make_token
 from minions.testing.processes import IMPORT_ROOT, Services
 from minions.testing.sleep_executor import SleepExecutor
 from minions.testing.waiting import eventually
 from tests.support.s3 import FAKE_ENV, moto_server
+from tests.support.tenants import tenant_tokens
 
 LIMIT = 1_000_000
 
-
-async def _tokens(database_url: str) -> dict[str, str]:
-    conn = await connect(database_url)
-    try:
-        return {"alpha": (await make_token(conn, "user", "alpha"))[0],
-                "beta": (await make_token(conn, "user", "beta"))[0],
-                "admin": (await make_token(conn, "admin"))[0],
-                "executor": (await make_token(conn, "executor"))[0]}
-    finally:
-        await conn.close()
 
 
 async def _call(url: str, token: str | None, method: str, *, json: Any = None, data: Any = None,
@@ -94,7 +84,7 @@ async def test_inputs_and_outputs_over_their_cap_are_413_and_leave_nothing(datab
                                                                            tmp_path: Path) -> None:
     services = await _api_only(database_url, tmp_path, MINIONS_MAX_INPUT_BYTES=str(LIMIT),
                                MINIONS_MAX_OUTPUT_BYTES=str(LIMIT))
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     api = services.api_url
     try:
         big = _jsonl(LIMIT + 200_000)
@@ -138,7 +128,7 @@ async def test_inputs_and_outputs_over_their_cap_are_413_and_leave_nothing(datab
 async def test_a_team_cannot_store_more_input_than_its_quota(database_url: str, tmp_path: Path) -> None:
     quota = 3000
     services = await _api_only(database_url, tmp_path, MINIONS_TEAM_INPUT_QUOTA_BYTES=str(quota))
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     uploads = f"{services.api_url}/api/v1/inputs"
     try:
         status, first = await _call(uploads, tokens["alpha"], "POST", data=_jsonl(2000))
@@ -176,7 +166,7 @@ async def test_a_team_cannot_store_more_input_than_its_quota(database_url: str, 
 
 async def test_gc_returns_the_space_of_an_api_killed_mid_upload(database_url: str, tmp_path: Path) -> None:
     services = await _api_only(database_url, tmp_path)
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     _reader, writer = await asyncio.open_connection("127.0.0.1", services.port)
     declared, sent = 64 * 1024 * 1024, 0
     writer.write((f"POST /api/v1/inputs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {tokens['alpha']}\r\n"
@@ -211,7 +201,7 @@ async def test_the_watchdog_sweeps_unreferenced_inputs_and_outputs_of_deleted_ta
     services = Services(database_url, tmp_path / "services",
                         extra_env={"MINIONS_GC_INTERVAL_S": "1", "MINIONS_GC_GRACE_S": "3"})
     await services.start_all()
-    tokens = await _tokens(database_url)
+    tokens = await tenant_tokens(database_url)
     api, store = services.api_url, services.store_root
     executor = SleepExecutor(api, tokens["executor"], "gc-ex")
     stop = asyncio.Event()
@@ -287,7 +277,7 @@ async def test_gc_on_s3_deletes_unreferenced_uploads_and_aborts_abandoned_multip
         services.start("api")
         try:
             await services.wait_healthy()
-            tokens = await _tokens(database_url)
+            tokens = await tenant_tokens(database_url)
             uploads = f"{services.api_url}/api/v1/inputs"
             status, unused = await _call(uploads, tokens["alpha"], "POST", data=_jsonl(3000))
             assert status == 201, unused
