@@ -181,17 +181,30 @@ async def test_kill_9_mid_task_loses_nothing(database_url: str, tmp_path: Path) 
         await c.submit("chaos", "sleep", records, subtask_size=10)
         await c.status("chaos", "running")
 
-        async def just_leased() -> str | None:
-            # An agent that claimed a subtask a moment ago: it is surely still working on it.
-            victim: str | None = await c.conn.fetchval(
+        async def holding(name: str | None = None) -> list[str]:
+            rows = await c.conn.fetch(
                 """SELECT e.name FROM subtasks s JOIN executors e ON e.id = s.lease_executor
                     WHERE s.task_name = 'chaos' AND s.state = 'leased'
-                      AND now() - s.leased_at < interval '100 milliseconds'
-                    ORDER BY s.leased_at DESC LIMIT 1""")
-            return victim
+                    ORDER BY s.leased_at DESC""")
+            return [r["name"] for r in rows if name is None or r["name"] == name]
 
-        victim = await eventually(just_leased, "an agent holding a fresh lease")
-        agents[victim].kill()
+        # kill -9 an agent that holds a lease. Read what it held once requests in flight have
+        # landed: on a loaded machine it can finish its subtask between the look and the kill, and
+        # one that died between two subtasks proves nothing, so then another is killed (one stays).
+        killed: list[str] = []
+        victim: str | None = None
+
+        async def live_holder() -> str | None:
+            return next((n for n in await holding() if n not in killed), None)
+
+        while victim is None and len(killed) < 2:
+            name = await eventually(live_holder, "a live agent holding a lease", interval_s=0.02)
+            agents[name].kill()
+            killed.append(name)
+            await asyncio.sleep(0.3)
+            if await holding(name):
+                victim = name
+        assert victim is not None, f"every agent killed ({killed}) had just finished its subtask"
         task = await c.status("chaos", "completed", "failed", "cancelled", timeout_s=120)
         assert task["status"] == "completed", task
         assert task["records"] == {"total": 400, "done": 400}
@@ -201,11 +214,11 @@ async def test_kill_9_mid_task_loses_nothing(database_url: str, tmp_path: Path) 
 
     assert results == [{"id": r["id"], "slept_ms": 30} for r in records]  # every record once, in order
     lost = [a for a in attempts if a["outcome"] == "lost"]
-    assert lost and {a["executor"] for a in lost} == {victim}, [dict(a) for a in attempts]
+    assert lost and victim in {a["executor"] for a in lost} <= set(killed), [dict(a) for a in attempts]
     done = [a for a in attempts if a["outcome"] == "done"]
     assert sorted(a["subtask_id"] for a in done) == list(range(40))  # each committed exactly once
     for a in lost:  # the lost subtask was redone by a survivor
-        assert any(d["subtask_id"] == a["subtask_id"] and d["executor"] != victim for d in done)
+        assert any(d["subtask_id"] == a["subtask_id"] and d["executor"] not in killed for d in done)
     assert executors[victim]["status"] == "lost"
 
 
