@@ -1,8 +1,16 @@
 """The one configuration loader: environment variables (API.md's table), each also a CLI flag.
 
-Every process builds a `Settings` from the environment, then lets its command-line flags override
-fields (`add_arguments` + `from_args`), so `MINIONS_LEASE_TIMEOUT_S=2` and `--lease-timeout-s 2`
-mean the same thing everywhere.
+Two kinds of settings, each with one home:
+- `Settings`: the server side (database, store, ports, timing, limits). Each field's metadata says
+  which processes take it (`used_by`); `names_for(process)` is that process's flags, so the list
+  lives here once. The lease timeout and the max attempts are cluster-wide: their home is the
+  database (minions/cluster_settings.py); here they are only what `minions up` / `minions db migrate`
+  write there when given (MINIONS_LEASE_TIMEOUT_S, MINIONS_MAX_ATTEMPTS), None otherwise.
+- `ClientSettings`: what a client reads (API URL, token): the CLI, the SDK and the agent.
+
+Every process builds its settings from the environment, then lets its command-line flags override
+fields (`add_arguments` + `from_args`), so `MINIONS_SWEEP_INTERVAL_S=2` and `--sweep-interval-s 2`
+mean the same thing everywhere; `to_env()` goes the other way, for a parent starting services.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,65 +27,65 @@ class ConfigError(ValueError):
     """A setting has a value that cannot work; the message names the variable."""
 
 
+API, SPLITTER, WATCHDOG, UP, MIGRATE = "api", "splitter", "watchdog", "up", "migrate"
+_SERVICES = frozenset({API, SPLITTER, WATCHDOG})
+
+
+def _setting(default: Any, env: str, help: str, used_by: Iterable[str]) -> Any:
+    return field(default=default, metadata={"env": env, "help": help, "used_by": frozenset(used_by)})
+
+
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = field(default="", metadata={"env": "MINIONS_DATABASE_URL",
-                                                    "help": "PostgreSQL URL of the services"})
-    store: str = field(default="", metadata={"env": "MINIONS_STORE",
-                                             "help": "object store: s3://bucket/prefix or file:///path"})
-    s3_endpoint_url: str = field(default="", metadata={"env": "MINIONS_S3_ENDPOINT_URL",
-                                                       "help": "endpoint of an S3-compatible store"})
-    admin_token: str = field(default="", metadata={"env": "MINIONS_ADMIN_TOKEN",
-                                                   "help": "admin token that `minions up` installs"})
-    api_url: str = field(default="http://127.0.0.1:8080", metadata={"env": "MINIONS_API_URL",
-                                                                    "help": "where clients connect"})
-    token: str = field(default="", metadata={"env": "MINIONS_TOKEN", "help": "bearer token of clients"})
-    heartbeat_interval_s: float = field(default=30.0, metadata={"env": "MINIONS_HEARTBEAT_INTERVAL_S",
-                                                                "help": "executor heartbeat period"})
-    lease_timeout_s: float = field(default=120.0, metadata={"env": "MINIONS_LEASE_TIMEOUT_S",
-                                                            "help": "silence before the watchdog reclaims"})
-    max_attempts: int = field(default=3, metadata={"env": "MINIONS_MAX_ATTEMPTS",
-                                                   "help": "attempts before a subtask fails for good"})
-    long_poll_s: float = field(default=30.0, metadata={"env": "MINIONS_LONG_POLL_S",
-                                                       "help": "longest a claim waits"})
-    host: str = field(default="127.0.0.1", metadata={"env": "MINIONS_HOST", "help": "API bind address"})
-    port: int = field(default=8080, metadata={"env": "MINIONS_PORT", "help": "API port"})
-    public_url: str = field(default="", metadata={"env": "MINIONS_PUBLIC_URL",
-                                                  "help": "API URL as executors reach it (signed store URLs)"})
-    straggler_factor: float = field(default=4.0, metadata={"env": "MINIONS_STRAGGLER_FACTOR",
-                                                           "help": "back up a lease running this many times the "
-                                                                   "median (0: never)"})
-    sweep_interval_s: float = field(default=10.0, metadata={"env": "MINIONS_SWEEP_INTERVAL_S",
-                                                            "help": "watchdog/splitter safety-net sweep period"})
-    listen_probe_s: float = field(default=30.0, metadata={"env": "MINIONS_LISTEN_PROBE_S",
-                                                          "help": "liveness probe period of each LISTEN connection"})
-    max_input_bytes: int = field(default=2 * 1024**3, metadata={"env": "MINIONS_MAX_INPUT_BYTES",
-                                                                "help": "largest POST /api/v1/inputs body"})
-    max_output_bytes: int = field(default=256 * 1024**2, metadata={"env": "MINIONS_MAX_OUTPUT_BYTES",
-                                                                   "help": "largest output PUT to a local-store URL"})
-    team_input_quota_bytes: int = field(default=20 * 1024**3, metadata={
-        "env": "MINIONS_TEAM_INPUT_QUOTA_BYTES", "help": "input bytes a team may store (0: no quota)"})
-    gc_grace_s: float = field(default=3600.0, metadata={"env": "MINIONS_GC_GRACE_S",
-                                                        "help": "age before unreferenced objects are garbage"})
-    gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",
-                                                          "help": "watchdog's garbage-collection period (0: off)"})
+    """The server side's settings; `used_by` says which processes read each (`up` starts them all)."""
+
+    database_url: str = _setting("", "MINIONS_DATABASE_URL", "PostgreSQL URL of the services",
+                                 {*_SERVICES, UP, MIGRATE})
+    store: str = _setting("", "MINIONS_STORE", "object store: s3://bucket/prefix or file:///path", {*_SERVICES, UP})
+    s3_endpoint_url: str = _setting("", "MINIONS_S3_ENDPOINT_URL", "endpoint of an S3-compatible store", _SERVICES)
+    admin_token: str = _setting("", "MINIONS_ADMIN_TOKEN", "admin token that `minions up` installs", {UP})
+    heartbeat_interval_s: float = _setting(30.0, "MINIONS_HEARTBEAT_INTERVAL_S", "executor heartbeat period "
+                                           "(a lease timeout must exceed it)", {API, UP, MIGRATE})
+    # Cluster-wide (minion_settings): written by `up` / `db migrate` when given, never read by a service.
+    lease_timeout_s: float | None = _setting(None, "MINIONS_LEASE_TIMEOUT_S",
+                                             "silence before the watchdog reclaims: written to the database",
+                                             {UP, MIGRATE})
+    max_attempts: int | None = _setting(None, "MINIONS_MAX_ATTEMPTS",
+                                        "attempts before a subtask fails for good: written to the database",
+                                        {UP, MIGRATE})
+    long_poll_s: float = _setting(30.0, "MINIONS_LONG_POLL_S", "longest a claim waits", {API, UP})
+    host: str = _setting("127.0.0.1", "MINIONS_HOST", "API bind address", {API, UP})
+    port: int = _setting(8080, "MINIONS_PORT", "API port", {API, UP})
+    public_url: str = _setting("", "MINIONS_PUBLIC_URL", "API URL as executors reach it (signed store URLs)", {API})
+    straggler_factor: float = _setting(4.0, "MINIONS_STRAGGLER_FACTOR",
+                                       "back up a lease running this many times the median (0: never)", {API, UP})
+    sweep_interval_s: float = _setting(10.0, "MINIONS_SWEEP_INTERVAL_S", "watchdog/splitter safety-net sweep period",
+                                       {SPLITTER, WATCHDOG, UP})
+    listen_probe_s: float = _setting(30.0, "MINIONS_LISTEN_PROBE_S", "liveness probe period of each LISTEN connection",
+                                     _SERVICES)
+    max_input_bytes: int = _setting(2 * 1024**3, "MINIONS_MAX_INPUT_BYTES", "largest POST /api/v1/inputs body", {API})
+    max_output_bytes: int = _setting(256 * 1024**2, "MINIONS_MAX_OUTPUT_BYTES",
+                                     "largest output PUT to a local-store URL", {API})
+    team_input_quota_bytes: int = _setting(20 * 1024**3, "MINIONS_TEAM_INPUT_QUOTA_BYTES",
+                                           "input bytes a team may store (0: no quota)", {API})
+    gc_grace_s: float = _setting(3600.0, "MINIONS_GC_GRACE_S", "age before unreferenced objects are garbage",
+                                 {WATCHDOG})
+    gc_interval_s: float = _setting(600.0, "MINIONS_GC_INTERVAL_S", "watchdog's garbage-collection period (0: off)",
+                                    {WATCHDOG})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
-    header_timeout_s: float = field(default=10.0, metadata={"env": "MINIONS_HEADER_TIMEOUT_S",
-                                                            "help": "a new connection's request headers must "
-                                                                    "arrive within this"})
-    body_timeout_s: float = field(default=30.0, metadata={"env": "MINIONS_BODY_TIMEOUT_S",
-                                                          "help": "grace before a request body must arrive at "
-                                                                  "MINIONS_BODY_MIN_RATE (else 408)"})
-    body_min_rate: float = field(default=1024.0, metadata={"env": "MINIONS_BODY_MIN_RATE",
-                                                           "help": "slowest request body accepted, bytes/s"})
-    max_connections_per_ip: int = field(default=256, metadata={"env": "MINIONS_MAX_CONNECTIONS_PER_IP",
-                                                               "help": "open connections one address may hold "
-                                                                       "(more: 429)"})
+    header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
+                                       "a new connection's request headers must arrive within this", {API})
+    body_timeout_s: float = _setting(30.0, "MINIONS_BODY_TIMEOUT_S",
+                                     "grace before a request body must arrive at MINIONS_BODY_MIN_RATE (else 408)",
+                                     {API})
+    body_min_rate: float = _setting(1024.0, "MINIONS_BODY_MIN_RATE", "slowest request body accepted, bytes/s", {API})
+    max_connections_per_ip: int = _setting(256, "MINIONS_MAX_CONNECTIONS_PER_IP",
+                                           "open connections one address may hold (more: 429)", {API})
 
     def validate(self) -> Settings:
         problems = []
-        for name in ("heartbeat_interval_s", "lease_timeout_s", "long_poll_s", "sweep_interval_s", "listen_probe_s",
+        for name in ("heartbeat_interval_s", "long_poll_s", "sweep_interval_s", "listen_probe_s",
                      "header_timeout_s", "body_timeout_s", "body_min_rate", "max_connections_per_ip"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
@@ -89,10 +97,13 @@ class Settings:
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
-        if self.max_attempts < 1:
+        if self.max_attempts is not None and self.max_attempts < 1:
             problems.append("MINIONS_MAX_ATTEMPTS must be >= 1")
-        if self.lease_timeout_s <= self.heartbeat_interval_s:
-            problems.append("MINIONS_LEASE_TIMEOUT_S must exceed MINIONS_HEARTBEAT_INTERVAL_S")
+        if self.lease_timeout_s is not None:
+            try:
+                check_lease_timeout(self.lease_timeout_s, self.heartbeat_interval_s)
+            except ConfigError as exc:
+                problems.append(str(exc))
         if problems:
             raise ConfigError("; ".join(problems))
         return self
@@ -100,10 +111,45 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+    def to_env(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """The environment that gives a child process these settings (all, or the `names`), as
+        `from_env` reads it back; unset values (empty, None) are left out."""
+        wanted = None if names is None else set(names)
+        return {f.metadata["env"]: str(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if (wanted is None or f.name in wanted) and getattr(self, f.name) not in ("", None)}
+
     @property
     def url_for_executors(self) -> str:
         """Base URL that signed local-store URLs point at."""
         return (self.public_url or f"http://{_url_host(self.host)}:{self.port}").rstrip("/")
+
+
+def names_for(*processes: str) -> tuple[str, ...]:
+    """The settings the given processes read (their flags; what `minions up` hands them)."""
+    return tuple(f.name for f in dataclasses.fields(Settings) if f.metadata["used_by"] & set(processes))
+
+
+def check_lease_timeout(lease_timeout_s: float, heartbeat_interval_s: float) -> None:
+    """An executor must get a heartbeat through before its leases count as lost."""
+    if lease_timeout_s <= 0:
+        raise ConfigError("MINIONS_LEASE_TIMEOUT_S must be > 0")
+    if lease_timeout_s <= heartbeat_interval_s:
+        raise ConfigError(f"the lease timeout ({lease_timeout_s:g} s) must exceed the heartbeat interval "
+                          f"(MINIONS_HEARTBEAT_INTERVAL_S, {heartbeat_interval_s:g} s)")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a client (the CLI, the SDK, the agent) reads from its environment; empty: not given
+    (minions/cli/connection.py then looks in a local `minions up`'s up.json)."""
+
+    api_url: str = field(default="", metadata={"env": "MINIONS_API_URL", "help": "where clients connect"})
+    token: str = field(default="", metadata={"env": "MINIONS_TOKEN", "help": "bearer token of clients"})
+
+
+def client_from_env(environ: Mapping[str, str] | None = None) -> ClientSettings:
+    env = os.environ if environ is None else environ
+    return ClientSettings(**{f.name: env.get(f.metadata["env"], "") for f in dataclasses.fields(ClientSettings)})
 
 
 def _url_host(host: str) -> str:
@@ -118,7 +164,8 @@ def _env(field_name: str) -> str:
 
 
 def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
-    kind = f.type if isinstance(f.type, type) else {"float": float, "int": int, "str": str}[str(f.type)]
+    kind = f.type if isinstance(f.type, type) else {"float": float, "int": int, "str": str}[
+        str(f.type).removesuffix(" | None")]
     try:
         return kind(raw)
     except ValueError as exc:

@@ -307,12 +307,13 @@ def _file_values(path: str | None) -> dict[str, Any]:
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
-    settings = minions_config.from_env(env)
+    # The client settings only (API URL, token): the server's are none of the agent's business.
+    client = minions_config.client_from_env(env)
     values: dict[str, Any] = {}
-    if env.get("MINIONS_API_URL"):
-        values["api_url"] = settings.api_url
-    if env.get("MINIONS_TOKEN"):
-        values["token"] = settings.token
+    if client.api_url:
+        values["api_url"] = client.api_url
+    if client.token:
+        values["token"] = client.token
     if env.get("OLLAMA_HOST"):
         values["ollama_host"] = env["OLLAMA_HOST"]
     if env.get("OLLAMA_NUM_PARALLEL"):

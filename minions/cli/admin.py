@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 
-from minions import config
+from minions import cluster_settings, config
 from minions.cli import connection, tokens
 from minions.db.connect import connect
 from minions.db.migrate import migrate
@@ -22,8 +22,9 @@ Q = Queries("cli")
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     db = sub.add_parser("db", help="database operations")
     db_sub = db.add_subparsers(dest="db_command", required=True)
-    p = db_sub.add_parser("migrate", help="apply the schema in sql/ (idempotent)")
-    config.add_arguments(p, ("database_url",))
+    p = db_sub.add_parser("migrate", help="apply the schema in sql/ (idempotent); MINIONS_LEASE_TIMEOUT_S / "
+                                          "MINIONS_MAX_ATTEMPTS, if given, set the cluster's values")
+    config.add_arguments(p, config.names_for(config.MIGRATE))
     p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
     p.set_defaults(handler=db_migrate)
 
@@ -58,8 +59,11 @@ def database_url(args: argparse.Namespace) -> str:
 
 
 def db_migrate(args: argparse.Namespace) -> int:
-    applied = asyncio.run(migrate(database_url(args)))
+    url = database_url(args)
+    applied = asyncio.run(migrate(url))
     print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema is up to date")
+    for key, value in asyncio.run(cluster_settings.apply_given_at(url, config.from_args(args))).items():
+        print(f"cluster setting: {key} = {value}")
     return 0
 
 

@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minions import jsoncodec
+from minions import config, jsoncodec
 from minions.sdk import MinionsClient
+from minions.sdk.client import DEFAULT_API_URL
 
 DEFAULT_DATA_DIR = Path(".minions")
 
@@ -87,11 +88,20 @@ def withdraw_up_json(data_dir: Path) -> None:
             path.unlink()
 
 
+def client_settings(data_dir: Path | None, api_url: str | None = None,
+                    token: str | None = None) -> config.ClientSettings:
+    """Where a client connects, the one lookup of CLI and SDK: the flag, else the environment
+    (config.ClientSettings), else the up.json of a local `minions up`, else the default URL; the
+    token may come back empty (the caller says how to give one)."""
+    env = config.client_from_env()
+    up = read_up_json(data_dir)
+    return config.ClientSettings(api_url=api_url or env.api_url or up.get("api_url") or DEFAULT_API_URL,
+                                 token=token or env.token or up.get("admin_token") or "")
+
+
 def client_from_args(args: argparse.Namespace) -> MinionsClient:
-    up = read_up_json(args.data_dir)
-    api_url = args.api_url or os.environ.get("MINIONS_API_URL") or up.get("api_url") or "http://127.0.0.1:8080"
-    token = args.token or os.environ.get("MINIONS_TOKEN") or up.get("admin_token") or ""
-    if not token:
+    settings = client_settings(args.data_dir, args.api_url, args.token)
+    if not settings.token:
         raise SystemExit("minions: no token: pass --token, set MINIONS_TOKEN, or start `minions up` on this "
                          "machine first")
-    return MinionsClient(api_url, token)
+    return MinionsClient(settings.api_url, settings.token)

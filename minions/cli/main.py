@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "executors": ("minions.cli.tasks", "executors as a table, with the models each serves"),
     "agent": ("minions.agents.macos.cli", "run the executor agent on this machine (or `agent install`)"),
     "db": ("minions.cli.admin", "database operations (db migrate)"),
+    "settings": ("minions.cli.cluster", "cluster-wide settings kept in the database (settings show, set)"),
     "token": ("minions.cli.admin", "API tokens (token create, list, revoke)"),
     "delete": ("minions.cli.storage", "delete a finished task (its input and results are then garbage)"),
     "gc": ("minions.cli.storage", "delete garbage from the object store (--dry-run says what first)"),

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minions import config, jsoncodec
+from minions import cluster_settings, config, jsoncodec
 from minions.cli import connection
 from minions.cli.admin import create_token
 from minions.cli.instance import DataDirLock, InstanceError, bind_listener
@@ -24,8 +24,7 @@ from minions.private_files import DIR_MODE, make_private_dir, tighten
 from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
-SETTINGS = ("database_url", "store", "port", "host", "admin_token", "heartbeat_interval_s", "lease_timeout_s",
-            "max_attempts", "long_poll_s", "sweep_interval_s", "straggler_factor")
+SETTINGS = config.names_for(config.UP)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,6 +85,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         applied = await migrate(database_url)
         if applied:
             print(f"schema: applied {', '.join(applied)}")
+        for key, value in (await cluster_settings.apply_given_at(database_url, settings)).items():
+            print(f"cluster setting: {key} = {value}")
         previous = _read_json(data_dir / "up.json")
         admin_token = settings.admin_token or previous.get("admin_token") or new_token()
         await create_token(database_url, "admin", None, "minions up", admin_token)
@@ -136,23 +137,10 @@ def _host(host: str) -> str:
 
 
 def _service_env(settings: config.Settings, database_url: str, store: str, api_url: str) -> dict[str, str]:
-    env = {
-        "MINIONS_DATABASE_URL": database_url,
-        "MINIONS_STORE": store,
-        "MINIONS_API_URL": api_url,
-        "MINIONS_HOST": settings.host,
-        "MINIONS_PORT": str(settings.port),
-        "MINIONS_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
-        "MINIONS_LEASE_TIMEOUT_S": str(settings.lease_timeout_s),
-        "MINIONS_MAX_ATTEMPTS": str(settings.max_attempts),
-        "MINIONS_LONG_POLL_S": str(settings.long_poll_s),
-        "MINIONS_SWEEP_INTERVAL_S": str(settings.sweep_interval_s),
-        "MINIONS_STRAGGLER_FACTOR": str(settings.straggler_factor),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if settings.s3_endpoint_url:
-        env["MINIONS_S3_ENDPOINT_URL"] = settings.s3_endpoint_url
-    return env
+    """The services' settings (each the ones it reads), and where the local agents connect."""
+    services = settings.replace(database_url=database_url, store=store)
+    return {**services.to_env(config.names_for(config.API, config.SPLITTER, config.WATCHDOG)),
+            "MINIONS_API_URL": api_url, "PYTHONUNBUFFERED": "1"}
 
 
 async def _executor_token(data_dir: Path, database_url: str) -> str:

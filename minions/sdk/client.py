@@ -258,14 +258,12 @@ def connection_settings(data_dir: str | os.PathLike[str] | None = None) -> tuple
     (looked up by the CLI's own lookup, so SDK and CLI always agree)."""
     from pathlib import Path
 
-    from minions.cli.connection import read_up_json  # the CLI's lookup; imported late (it imports us)
+    from minions.cli.connection import client_settings  # the CLI's lookup; imported late (it imports us)
 
-    up = read_up_json(Path(data_dir) if data_dir is not None else None)
-    api_url = os.environ.get("MINIONS_API_URL") or up.get("api_url") or DEFAULT_API_URL
-    token = os.environ.get("MINIONS_TOKEN") or up.get("admin_token") or ""
-    if not token:
+    settings = client_settings(Path(data_dir) if data_dir is not None else None)
+    if not settings.token:
         raise MinionsError(0, "no_token", "no token: set MINIONS_TOKEN, or start `minions up` on this machine")
-    return api_url, token
+    return settings.api_url, settings.token
 
 
 def task_parts(ref: TaskRef) -> tuple[str, str, str]:

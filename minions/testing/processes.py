@@ -74,6 +74,7 @@ class Services:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     running: dict[str, Service] = field(default_factory=dict)
+    _cluster_applied: tuple[float, int] | None = field(default=None, repr=False)
 
     @property
     def api_url(self) -> str:
@@ -92,6 +93,8 @@ class Services:
             "MINIONS_HOST": "127.0.0.1",
             "MINIONS_API_URL": self.api_url,
             "MINIONS_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            # Cluster-wide: the services read these from the database; `start` writes them there
+            # (through `minions db migrate`, which applies them).
             "MINIONS_LEASE_TIMEOUT_S": str(self.lease_timeout_s),
             "MINIONS_MAX_ATTEMPTS": str(self.max_attempts),
             "MINIONS_LONG_POLL_S": str(self.long_poll_s),
@@ -103,10 +106,23 @@ class Services:
         }
 
     def start(self, name: str) -> Service:
+        self.apply_cluster_settings()
         module = f"minions.services.{name}"
         service = Service(name, module, self.env(), self.workdir / f"{name}.log").start()
         self.running[name] = service
         return service
+
+    def apply_cluster_settings(self) -> None:
+        """The lease timeout and max attempts, as set here, become the database's: what every
+        service reads (once per change of either; `minions db migrate` applies them from the env)."""
+        wanted = (self.lease_timeout_s, self.max_attempts)
+        if self._cluster_applied == wanted:
+            return
+        done = subprocess.run([sys.executable, "-m", "minions.cli.main", "db", "migrate"], env=self.env(),
+                              cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise AssertionError(f"minions db migrate failed:\n{done.stdout}{done.stderr}")
+        self._cluster_applied = wanted
 
     async def start_all(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

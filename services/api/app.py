@@ -9,13 +9,14 @@ import asyncpg
 from aiohttp import web
 
 import minions.services.api.openai.wiring as openai_wiring  # OpenAI's API under /v1 (issue 13)
+from minions import cluster_settings
 from minions.backoff import Backoff
-from minions.config import Settings
+from minions.config import Settings, check_lease_timeout
 from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
-from minions.services.api.appkeys import OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
+from minions.services.api.appkeys import CLUSTER, OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
@@ -75,12 +76,24 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 async def _store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     signing_key = await _signing_key(app[POOL])
-    await app[POOL].execute(Q.record_lease_timeout, str(settings.lease_timeout_s))
+    app[CLUSTER] = await _cluster_settings(app[POOL], settings)
     store = open_store(settings.store, signing_key=signing_key, base_url=settings.url_for_executors,
                        s3_endpoint_url=settings.s3_endpoint_url)
     app[STORE] = store
     yield
     await store.close()
+
+
+async def _cluster_settings(pool: asyncpg.Pool, settings: Settings) -> cluster_settings.LiveClusterSettings:
+    """The lease timeout and max attempts from the database (kept current by NOTIFY minion_settings,
+    heard by the claim waiters' connection). One that cannot work with our heartbeat interval is
+    said loudly: executors would lose their leases between heartbeats."""
+    current = await cluster_settings.read(pool)
+    try:
+        check_lease_timeout(current.lease_timeout_s, settings.heartbeat_interval_s)
+    except ValueError as exc:
+        log.error("lease_timeout_too_short", error=str(exc), hint="minions settings set lease_timeout_s SECONDS")
+    return cluster_settings.LiveClusterSettings(pool, current)
 
 
 async def _signing_key(pool: asyncpg.Pool) -> str:
@@ -105,7 +118,7 @@ async def _signing_key(pool: asyncpg.Pool) -> str:
 async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
     # The token cache listens on the same connection, for revocations; the /v1 lane for its tasks' ends.
     waiters = ClaimWaiters(app[SETTINGS].database_url, probe_interval_s=app[SETTINGS].listen_probe_s,
-                           listeners=[app[TOKENS], openai_wiring.listener(app)])
+                           listeners=[app[TOKENS], openai_wiring.listener(app), app[CLUSTER]])
     await waiters.start()
     app[WAITERS] = waiters
     yield

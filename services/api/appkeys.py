@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 from aiohttp import web
 
+from minions.cluster_settings import LiveClusterSettings
 from minions.config import Settings
 from minions.services.api.auth import TokenCache
 from minions.services.api.claim_waiters import ClaimWaiters
@@ -14,6 +15,8 @@ from minions.store.base import ObjectStore
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
+# The cluster-wide values (lease timeout, max attempts) as the database holds them, kept current.
+CLUSTER = web.AppKey("cluster", LiveClusterSettings)
 STORE = web.AppKey("store", ObjectStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
 TOKENS = web.AppKey("tokens", TokenCache)

@@ -19,10 +19,7 @@ from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import SchemaMissing, create_app
 from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
 
-SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
-            "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s",
-            "max_input_bytes", "max_output_bytes", "team_input_quota_bytes", "header_timeout_s",
-            "body_timeout_s", "body_min_rate", "max_connections_per_ip")
+SETTINGS = config.names_for(config.API)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

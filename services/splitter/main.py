@@ -19,7 +19,7 @@ import asyncpg
 
 from minions import logging as minions_logging
 from minions.backoff import Backoff
-from minions.config import ConfigError, Settings, add_arguments, from_args
+from minions.config import SPLITTER, ConfigError, Settings, add_arguments, from_args, names_for
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.services.splitter.listener import Wakeup, task_listener
@@ -28,8 +28,7 @@ from minions.store.base import ObjectStore
 from minions.store.factory import open_store
 
 Q = Queries("splitter")
-SETTINGS = ("database_url", "store", "s3_endpoint_url", "sweep_interval_s", "public_url", "host", "port",
-            "listen_probe_s")
+SETTINGS = names_for(SPLITTER)
 
 log = minions_logging.get_logger("splitter")
 

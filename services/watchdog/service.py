@@ -3,6 +3,10 @@ holding a lease, and when one passes asks SQL to reclaim (which re-checks the si
 lock, so our clock never decides alone). It also sweeps on start, after every (re)LISTEN, after
 every reconnect and on a timer: a NOTIFY is a wake-up, never the only record of work.
 
+The lease timeout is the cluster's (minion_settings, read by the SQL functions): the watchdog reads
+it at each sweep, and a change (NOTIFY minion_settings, heard on the same LISTEN connection) asks
+for a sweep at once, so deadlines follow a new timeout without a restart.
+
 The LISTEN connection is the listener's own; the sweeps and reclaims run on a second connection,
 so the listener's liveness probe never races them for it."""
 
@@ -14,6 +18,7 @@ import uuid
 
 import asyncpg
 
+from minions import cluster_settings
 from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
@@ -36,8 +41,10 @@ class Watchdog:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._catch_up = False  # set by each (re)LISTEN: heartbeats may have gone unheard
+        self.lease_timeout_s: float | None = None  # the cluster's, read at each sweep
         self.listener = Listener(settings.database_url, CHANNEL, self._on_heartbeat, catch_up=self._caught_up,
-                                 probe_interval_s=settings.listen_probe_s)
+                                 probe_interval_s=settings.listen_probe_s,
+                                 also={cluster_settings.CHANNEL: lambda _key: self._caught_up()})
         self.reclaimed_total = 0
 
     def stop(self) -> None:
@@ -102,7 +109,8 @@ class Watchdog:
             try:
                 # Back from an outage: no executor could heartbeat meanwhile, so every lease looks
                 # silent. Give them a lease timeout to get a heartbeat through before judging.
-                await self._serve(conn, grace_s=self.settings.lease_timeout_s if reconnecting else 0.0)
+                self.lease_timeout_s = (await cluster_settings.read(conn)).lease_timeout_s
+                await self._serve(conn, grace_s=self.lease_timeout_s if reconnecting else 0.0)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 log.warning("database_connection_lost", error=str(exc))
                 reconnecting = True
@@ -126,7 +134,7 @@ class Watchdog:
             self._wake.set()
 
         conn.add_termination_listener(on_lost)
-        log.info("judging", lease_timeout_s=self.settings.lease_timeout_s, grace_s=grace_s)
+        log.info("judging", lease_timeout_s=self.lease_timeout_s, grace_s=grace_s)
         judge_from = asyncio.get_running_loop().time() + grace_s
         next_sweep = judge_from
         while not self._stopping.is_set() and not lost.is_set():
@@ -157,28 +165,30 @@ class Watchdog:
         except ValueError:
             log.warning("bad_heartbeat_payload", payload=payload)
             return
-        if leases > 0:
-            self.deadlines.track(executor_id, self.settings.lease_timeout_s)
+        if leases > 0 and self.lease_timeout_s is not None:  # None: not yet connected, the first sweep tracks it
+            self.deadlines.track(executor_id, self.lease_timeout_s)
         else:
             self.deadlines.forget(executor_id)
         self._wake.set()
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
-        timeout = self.settings.lease_timeout_s
-        reclaimed = await conn.fetchval(Q.reclaim_expired, timeout)
+        current = await cluster_settings.read(conn)
+        if current.lease_timeout_s != self.lease_timeout_s:
+            log.info("lease_timeout_changed", lease_timeout_s=current.lease_timeout_s)
+            self.lease_timeout_s = current.lease_timeout_s
+        reclaimed = await conn.fetchval(Q.reclaim_expired)
         self._count(reclaimed, "sweep")
-        rows = await conn.fetch(Q.lease_holders, timeout)
+        rows = await conn.fetch(Q.lease_holders)
         self.deadlines.replace_all({r["executor_id"]: r["remaining_s"] for r in rows})
 
     async def _reclaim(self, conn: asyncpg.Connection, executor_id: uuid.UUID) -> None:
-        timeout = self.settings.lease_timeout_s
-        reclaimed = await conn.fetchval(Q.reclaim_executor, executor_id, timeout)
+        reclaimed = await conn.fetchval(Q.reclaim_executor, executor_id)
         if reclaimed:
             self._count(reclaimed, "deadline", executor_id=str(executor_id))
             self.deadlines.forget(executor_id)
             return
         # Not silent after all (a heartbeat we have not heard yet), or no lease left: re-read.
-        row = await conn.fetchrow(Q.holder_remaining, executor_id, timeout)
+        row = await conn.fetchrow(Q.holder_remaining, executor_id)
         if row is None or row["leases"] == 0:
             self.deadlines.forget(executor_id)
         else:

@@ -106,32 +106,27 @@ SELECT minion_release($1);
 SELECT minion_deregister($1);
 
 -- name: list_executors
--- $1 team filter (NULL: all), $2 lease timeout (for the derived status), $3 the viewer's team scope
+-- $1 team filter (NULL: all), $2 the viewer's team scope
 -- (NULL: sees all). A scoped viewer sees of an executor outside its team (a shared one) neither its
 -- hardware nor other teams' preferences and work: its own team's only (issue 8, item 8).
 SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
-       CASE WHEN $3::text IS NULL OR e.team = $3 THEN e.hardware ELSE '{}'::jsonb END AS hardware,
-       ($3::text IS NOT NULL AND e.team IS DISTINCT FROM $3) AS details_hidden,
+       CASE WHEN $2::text IS NULL OR e.team = $2 THEN e.hardware ELSE '{}'::jsonb END AS hardware,
+       ($2::text IS NOT NULL AND e.team IS DISTINCT FROM $2) AS details_hidden,
        h.alive_at AS last_heartbeat_at,
-       minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, $2) AS status,
+       minion_executor_status(e.status, minion_lease_count(e.id), h.alive_at, minion_lease_timeout_s()) AS status,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', p.team, 'project', p.project,
                                                      'task_name', p.task_name) ORDER BY p.position)
                    FROM executor_preferences p WHERE p.executor_id = e.id
-                    AND ($3::text IS NULL OR p.team = $3)), '[]') AS preferences,
+                    AND ($2::text IS NULL OR p.team = $2)), '[]') AS preferences,
        coalesce((SELECT jsonb_agg(jsonb_build_object('team', s.team, 'project', s.project,
                                                      'task_name', s.task_name, 'subtask_id', s.subtask_id,
                                                      'attempt', s.attempts, 'leased_at', s.leased_at)
                                   ORDER BY s.leased_at)
                    FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'
-                    AND ($3::text IS NULL OR s.team = $3)), '[]') AS current
+                    AND ($2::text IS NULL OR s.team = $2)), '[]') AS current
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;
-
--- name: record_lease_timeout
--- The dashboards' views judge "online" by the lease timeout the services run with.
-INSERT INTO minion_settings (key, value) VALUES ('lease_timeout_s', $1)
-ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: record_input
 -- $1 uri, $2 team (NULL: an unscoped upload), $3 bytes, $4 token id, $5 the team's quota (0: none)

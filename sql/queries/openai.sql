@@ -71,10 +71,10 @@ CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
 
 -- name: model_online
--- Whether an executor that is online now (heard from within the lease timeout, $2 s) serves $1.
+-- Whether an executor that is online now (heard from within the cluster's lease timeout) serves $1.
 SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
                 WHERE e.capabilities @> ARRAY[$1::text] AND e.status = 'online'
-                  AND h.alive_at > now() - make_interval(secs => $2));
+                  AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()));
 
 -- name: submit_interactive
 SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);

@@ -1,17 +1,19 @@
 -- Every statement the watchdog runs, by name.
 
 -- name: lease_holders
--- Executors holding a lease, with the seconds left before their silence counts as lost.
-SELECT h.executor_id, extract(epoch FROM h.alive_at + make_interval(secs => $1) - now())::float8 AS remaining_s
+-- Executors holding a lease, with the seconds left before their silence counts as lost (at the
+-- cluster's lease timeout, as every query here).
+SELECT h.executor_id, extract(epoch FROM h.alive_at + make_interval(secs => minion_lease_timeout_s()) - now())::float8
+       AS remaining_s
 FROM heartbeats h JOIN minion_lease_holders() l ON l.executor_id = h.executor_id;
 
 -- name: holder_remaining
 SELECT minion_lease_count(executor_id) AS leases,
-       extract(epoch FROM alive_at + make_interval(secs => $2) - now())::float8 AS remaining_s
+       extract(epoch FROM alive_at + make_interval(secs => minion_lease_timeout_s()) - now())::float8 AS remaining_s
 FROM heartbeats WHERE executor_id = $1;
 
 -- name: reclaim_executor
-SELECT minion_reclaim_executor($1, $2);
+SELECT minion_reclaim_executor($1);
 
 -- name: reclaim_expired
-SELECT minion_reclaim_expired($1);
+SELECT minion_reclaim_expired();

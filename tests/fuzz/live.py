@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
+from minions import cluster_settings
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
@@ -105,6 +106,7 @@ class LiveApi:
         try:
             self.admin, _ = await make_token(conn, "admin")
             self.executor, _ = await make_token(conn, "executor")
+            await cluster_settings.apply_given(conn, settings)  # the lease timeout is the database's
             # make_task's subtasks are 100 bytes and one record each: an input that really is so, so
             # that the results of a cancelled task (an error line per record) can be read.
             seed = self.store_root / "inputs" / "seed.jsonl"

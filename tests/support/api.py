@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from minions import jsoncodec
+from minions import cluster_settings, jsoncodec
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
@@ -77,6 +77,7 @@ async def running_api(database_url: str, store_root: Path, **overrides: Any) -> 
     conn = await connect(database_url)
     admin, _ = await make_token(conn, "admin")
     executor, _ = await make_token(conn, "executor")
+    await cluster_settings.apply_given(conn, settings)  # the lease timeout is the database's
     await conn.close()
     runner = web.AppRunner(create_app(settings))
     await runner.setup()

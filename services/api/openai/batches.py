@@ -11,7 +11,7 @@ from aiohttp import web
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import is_name
-from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
 from minions.services.api.errors import conflict, invalid, not_found
@@ -93,7 +93,7 @@ async def create_batch(request: web.Request) -> web.Response:
     if source["purpose"] != "batch":
         raise invalid({"input_file_id": f"the file's purpose is {source['purpose']}, not batch"})
 
-    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
+    pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     batch_id = new_id("batch_")
     check = InputCheck(endpoint)
     input_uri, _ = await store.put_stream(f"inputs/openai/{batch_id}.jsonl",
@@ -115,7 +115,7 @@ async def create_batch(request: web.Request) -> web.Response:
     else:
         assert check.model is not None
         await pool.execute(Q.submit_batch, batch_id, team, project, kind, check.model, check.params,
-                           DEFAULT_SUBTASK_SIZE[kind], settings.max_attempts, input_uri, endpoint, source["id"],
+                           DEFAULT_SUBTASK_SIZE[kind], cluster.max_attempts, input_uri, endpoint, source["id"],
                            body["completion_window"], window_s, body.get("metadata"), check.requests,
                            check.records_total, principal.token_id, 0)
         log.info("openai_batch_submitted", batch_id=batch_id, team=team, project=project, requests=check.requests)

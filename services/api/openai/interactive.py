@@ -17,7 +17,7 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, STORE
 from minions.services.api.auth import require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, invalid
@@ -82,10 +82,10 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
         raise invalid({exc.param or "body": exc.message}) from None
     if endpoint == "/v1/embeddings" and len(parsed.records) > 2048:
         raise invalid({"input": "at most 2048 inputs per request"})
-    pool, store, settings = request.app[POOL], request.app[STORE], request.app[SETTINGS]
+    pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]
-    if not await pool.fetchval(Q.model_online, f"{kind}:{parsed.model}", settings.lease_timeout_s):
+    if not await pool.fetchval(Q.model_online, f"{kind}:{parsed.model}"):
         raise _unavailable(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
     if not ends.listening:
         raise _unavailable("this API process is reconnecting to the database; retry shortly")
@@ -94,7 +94,7 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)
     input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
     task_id = await pool.fetchval(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
-                                  parsed.model, parsed.params, settings.max_attempts, input_uri, len(data),
+                                  parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
                                   len(parsed.records), principal.token_id)
     task = await _ended(request, ends, task_id)
     results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))

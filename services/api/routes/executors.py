@@ -12,7 +12,7 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.names import NAME
 from minions.records import KINDS
-from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
 from minions.services.api.errors import ApiError, forbidden, invalid, not_found
@@ -96,7 +96,7 @@ async def register(request: web.Request) -> web.Response:
     return json_response({
         "executor_id": str(executor_id),
         "heartbeat_interval_s": settings.heartbeat_interval_s,
-        "lease_timeout_s": settings.lease_timeout_s,
+        "lease_timeout_s": request.app[CLUSTER].lease_timeout_s,
         "long_poll_s": settings.long_poll_s,
     }, 201)
 
@@ -131,7 +131,7 @@ async def claim(request: web.Request) -> web.Response:
             # process keeps the executor's heartbeat fresh.)
             if _hung_up(request):
                 return web.Response(status=204)
-            row = await pool.fetchrow(Q.claim, executor["id"], settings.lease_timeout_s,
+            row = await pool.fetchrow(Q.claim, executor["id"], request.app[CLUSTER].lease_timeout_s,
                                       settings.straggler_factor)
             if row is not None:
                 if _hung_up(request):
@@ -156,7 +156,7 @@ def _hung_up(request: web.Request) -> bool:
 
 async def _lease(request: web.Request, row: Any) -> dict[str, Any]:
     store = request.app[STORE]
-    lifetime = max(URL_LIFETIME_S, 2 * request.app[SETTINGS].lease_timeout_s)
+    lifetime = max(URL_LIFETIME_S, 2 * request.app[CLUSTER].lease_timeout_s)
     return {
         "lease": {"token": str(row["lease_token"]), "expires_at": row["expires_at"].isoformat(),
                   "backup": row["backup"]},
@@ -200,7 +200,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
     # Unparseable tokens were never leases; the executor still holds whatever it named.
     rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed,
-                                         request.app[SETTINGS].lease_timeout_s)
+                                         request.app[CLUSTER].lease_timeout_s)
     states = {str(r["lease_token"]): r["state"] for r in rows}
     # A token that is not even a UUID was never a lease: it is lost, like any stale one.
     return json_response({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})
@@ -225,7 +225,7 @@ async def list_executors(request: web.Request) -> web.Response:
     # What a team sees of an executor outside it (a shared one) is narrowed in the query: no hardware,
     # none of other teams' preferences or work. Admins (and all-team tokens) see everything.
     scope = None if principal.role == "admin" else principal.team
-    rows = await request.app[POOL].fetch(Q.list_executors, team, request.app[SETTINGS].lease_timeout_s, scope)
+    rows = await request.app[POOL].fetch(Q.list_executors, team, scope)
     return json_response({"executors": [
         {
             "id": str(r["id"]), "name": r["name"], "team": r["team"], "status": r["status"],

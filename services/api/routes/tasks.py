@@ -19,7 +19,7 @@ from minions.names import NAME, is_name
 from minions.records import parse_line
 from minions.redaction import redact
 from minions.services.api import inputs
-from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
@@ -85,7 +85,7 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     input_uri = await _store_input(request, principal, task)
     task_id = await pool.fetchval(
         Q.insert_task, task.team, task.project, task.name, task.kind, task.model, task.params,
-        task.priority, task.subtask_size, request.app[SETTINGS].max_attempts, input_uri,
+        task.priority, task.subtask_size, request.app[CLUSTER].max_attempts, input_uri,
         task.request_hash, principal.token_id,
     )
     if task_id is None:  # lost a race for the name: answered like a re-submission
