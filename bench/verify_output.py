@@ -67,7 +67,7 @@ async def run(shape: str, megabytes: float, rounds: int) -> dict[str, float]:
     input_bytes, output, records = make_objects(shape, megabytes)
     size_mb = len(output) / MB
     with tempfile.TemporaryDirectory() as folder:
-        store = LocalStore(Path(folder), "bench-key", "http://unused")
+        store = LocalStore(Path(folder))
         input_uri = await store.put_bytes("inputs/in.jsonl", input_bytes)
         token = uuid.uuid4()
         lease = {"task_id": 1, "subtask_id": 0, "attempt": 1, "records": records, "input_uri": input_uri,

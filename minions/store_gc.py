@@ -21,7 +21,6 @@ import asyncpg
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
-from minions.store.factory import open_store
 
 Q = Queries("gc")
 log = get_logger(__name__)
@@ -158,11 +157,3 @@ async def collect_garbage(conn: asyncpg.Connection, store: ObjectStore, *, grace
                           progress: Progress | None = None) -> GcReport:
     """One garbage collection of `store`; what it found (and, unless `dry_run`, deleted)."""
     return await Collector(conn, store, grace_s=grace_s, dry_run=dry_run, progress=progress).run()
-
-
-async def open_store_for(conn: asyncpg.Connection, store_uri: str, s3_endpoint_url: str = "") -> ObjectStore:
-    """The configured store, opened to list and delete (the local store's signing key is the
-    database's, as in the API; no URL is signed here)."""
-    signing_key: str = await conn.fetchval(Q.store_signing_key)
-    return open_store(store_uri, signing_key=signing_key, base_url="http://127.0.0.1",
-                      s3_endpoint_url=s3_endpoint_url)

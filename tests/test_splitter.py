@@ -26,7 +26,6 @@ from minions.services.splitter.worker import RetryBook, Worker, lost_connection
 from minions.store.local import LocalStore
 
 REPO = Path(__file__).resolve().parents[1]
-SIGNING_KEY = "k" * 64
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -130,7 +129,7 @@ class GeneratedStore:
 def store(tmp_path: Path) -> LocalStore:
     root = tmp_path / "store"
     root.mkdir()
-    return LocalStore(root, SIGNING_KEY, "http://127.0.0.1:8080")
+    return LocalStore(root)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from minions.services.api.appkeys import OUTPUT_WRITABLE, STORE
 from minions.services.api.routes.store import add_routes, parse_range
+from minions.services.api.url_signing import SignedLocalStore
 from minions.store import InvalidKey, ObjectNotFound, StoreError, open_store, signing
 from minions.store.base import validate_key
 from minions.store.local import LocalStore
@@ -42,8 +43,8 @@ async def stream_of(*parts: bytes) -> AsyncIterator[bytes]:
 
 
 @pytest.fixture
-def local(tmp_path: Path) -> LocalStore:
-    return LocalStore(tmp_path / "store", KEY, "http://unused.invalid")
+def local(tmp_path: Path) -> SignedLocalStore:
+    return SignedLocalStore(tmp_path / "store", KEY, "http://unused.invalid")
 
 
 def temp_files(root: Path) -> list[Path]:
@@ -75,7 +76,7 @@ def test_invalid_keys(key: str, local: LocalStore) -> None:
         local.uri_for(key)
 
 
-async def test_put_rejects_invalid_key(local: LocalStore) -> None:
+async def test_put_rejects_invalid_key(local: SignedLocalStore) -> None:
     with pytest.raises(InvalidKey):
         await local.put_bytes("../escape", b"x")
     with pytest.raises(InvalidKey):
@@ -214,7 +215,7 @@ async def test_local_empty_object(local: LocalStore) -> None:
 
 def test_local_needs_signing_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        LocalStore(tmp_path, "", "http://x")
+        SignedLocalStore(tmp_path, "", "http://x")
 
 
 # --- signing ---------------------------------------------------------------------------------------
@@ -238,8 +239,8 @@ def test_signing_round_trip() -> None:
         assert info.value.code == "bad_signature"
 
 
-async def test_presigned_local_url_shape(local: LocalStore) -> None:
-    store = LocalStore(local.root, KEY, "http://api.example:8080/")
+async def test_presigned_local_url_shape(local: SignedLocalStore) -> None:
+    store = SignedLocalStore(local.root, KEY, "http://api.example:8080/")
     before = time.time()
     url = await store.presign_get(store.uri_for("inputs/a.jsonl"), 90.5)
     parts = urlsplit(url)
@@ -282,11 +283,11 @@ async def _any_output_writable(key: str) -> bool:
 
 
 @pytest_asyncio.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[LocalStore, aiohttp.ClientSession]]:
+async def served(tmp_path: Path) -> AsyncIterator[tuple[SignedLocalStore, aiohttp.ClientSession]]:
     """A LocalStore served by a real aiohttp server on 127.0.0.1, and a client session."""
     app = web.Application()
     add_routes(app)
-    store = LocalStore(tmp_path / "served", KEY, "http://placeholder.invalid")
+    store = SignedLocalStore(tmp_path / "served", KEY, "http://placeholder.invalid")
     app[STORE] = store  # before start: a started application's state is frozen
     app[OUTPUT_WRITABLE] = _any_output_writable
     server = TestServer(app, host="127.0.0.1", port=0)
@@ -299,7 +300,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[LocalStore, aiohttp.Clie
         await server.close()
 
 
-async def test_signed_get_with_range(served: tuple[LocalStore, aiohttp.ClientSession]) -> None:
+async def test_signed_get_with_range(served: tuple[SignedLocalStore, aiohttp.ClientSession]) -> None:
     store, session = served
     uri = await store.put_bytes("inputs/data.bin", DATA)
     url = await store.presign_get(uri, 60)
@@ -324,7 +325,7 @@ async def test_signed_get_with_range(served: tuple[LocalStore, aiohttp.ClientSes
         assert (await response.json())["error"]["code"] == "range_not_satisfiable"
 
 
-async def test_signed_get_missing_is_404(served: tuple[LocalStore, aiohttp.ClientSession]) -> None:
+async def test_signed_get_missing_is_404(served: tuple[SignedLocalStore, aiohttp.ClientSession]) -> None:
     store, session = served
     url = await store.presign_get(store.uri_for("inputs/none.bin"), 60)
     async with session.get(url) as response:
@@ -332,7 +333,7 @@ async def test_signed_get_missing_is_404(served: tuple[LocalStore, aiohttp.Clien
         assert (await response.json())["error"]["code"] == "not_found"
 
 
-async def test_signed_put_then_read(served: tuple[LocalStore, aiohttp.ClientSession]) -> None:
+async def test_signed_put_then_read(served: tuple[SignedLocalStore, aiohttp.ClientSession]) -> None:
     store, session = served
     url = await store.presign_put("outputs/t/1/attempt-1.jsonl", 60)
     body = b'{"id": "a1", "embedding": [0.1]}\n' * 50_000  # ~1.7 MB, several chunks
@@ -347,7 +348,7 @@ async def test_signed_put_then_read(served: tuple[LocalStore, aiohttp.ClientSess
     assert await collect(store.read(uri)) == b"one\ntwo\n"
 
 
-async def test_signed_url_refusals(served: tuple[LocalStore, aiohttp.ClientSession]) -> None:
+async def test_signed_url_refusals(served: tuple[SignedLocalStore, aiohttp.ClientSession]) -> None:
     store, session = served
     uri = await store.put_bytes("inputs/data.bin", DATA)
     get_url = await store.presign_get(uri, 60)
@@ -376,7 +377,7 @@ async def test_signed_url_refusals(served: tuple[LocalStore, aiohttp.ClientSessi
     assert await collect(store.read(uri)) == DATA  # no refused PUT wrote anything
 
 
-async def test_truncated_upload_is_not_committed(served: tuple[LocalStore, aiohttp.ClientSession]) -> None:
+async def test_truncated_upload_is_not_committed(served: tuple[SignedLocalStore, aiohttp.ClientSession]) -> None:
     store, _ = served
     url = urlsplit(await store.presign_put("outputs/cut.jsonl", 60))
     assert url.hostname is not None and url.port is not None
@@ -409,18 +410,18 @@ async def test_routes_404_without_local_store() -> None:
 
 async def test_open_store(tmp_path: Path) -> None:
     folder = tmp_path / "by-uri"
-    store = open_store(folder.as_uri(), signing_key=KEY, base_url="http://x")
+    store = open_store(folder.as_uri())
     assert isinstance(store, LocalStore) and folder.is_dir()
-    plain = open_store(str(tmp_path / "plain" / "deep"), signing_key=KEY, base_url="http://x")
+    plain = open_store(str(tmp_path / "plain" / "deep"))
     assert isinstance(plain, LocalStore) and (tmp_path / "plain" / "deep").is_dir()
-    s3 = open_store("s3://bucket/some/prefix/", signing_key="", base_url="", s3_endpoint_url="http://s3:9000")
+    s3 = open_store("s3://bucket/some/prefix/", s3_endpoint_url="http://s3:9000")
     assert isinstance(s3, S3Store)
     assert s3.root_uri == "s3://bucket/some/prefix"
     assert s3.uri_for("inputs/a") == "s3://bucket/some/prefix/inputs/a"
     assert s3.endpoint_url == "http://s3:9000"
     for bad in ["gs://bucket/x", "http://host/x", "", "file://host/x"]:
         with pytest.raises(ValueError):
-            open_store(bad, signing_key=KEY, base_url="http://x")
+            open_store(bad)
 
 
 def test_parse_s3_uri() -> None:

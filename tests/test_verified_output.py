@@ -36,7 +36,7 @@ def _files(store: LocalStore, prefix: str) -> list[Path]:
 
 
 async def test_complete_copies_exactly_the_bytes_it_checked(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path, "key", "http://unused")
+    store = LocalStore(tmp_path)
     token = uuid.uuid4()
     lease = await _lease(store, token)
     with pytest.raises(ObjectNotFound):
@@ -55,7 +55,7 @@ async def test_complete_copies_exactly_the_bytes_it_checked(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("size", [1000, VERIFY_IN_MEMORY + 1000])
 async def test_a_changed_result_is_refused_before_any_byte_is_served(tmp_path: Path, size: int) -> None:
-    store = LocalStore(tmp_path, "key", "http://unused")
+    store = LocalStore(tmp_path)
     original = b"x" * size
     uri = await store.put_bytes("results/1/0/r.jsonl", original)
     digest = hashlib.sha256(original).digest()

@@ -15,7 +15,8 @@ from minions.cli.admin import database_url
 from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.names import is_name
-from minions.store_gc import GcReport, collect_garbage, open_store_for
+from minions.store.factory import open_store
+from minions.store_gc import GcReport, collect_garbage
 
 Q = Queries("inputs")
 
@@ -73,7 +74,7 @@ def gc(args: argparse.Namespace) -> int:
     async def run() -> GcReport:
         conn = await connect(url)
         try:
-            store = await open_store_for(conn, store_uri, settings.s3_endpoint_url)
+            store = open_store(store_uri, s3_endpoint_url=settings.s3_endpoint_url)
             try:
                 return await collect_garbage(conn, store, grace_s=settings.gc_grace_s, dry_run=args.dry_run,
                                              progress=_print_progress)

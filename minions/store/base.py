@@ -82,14 +82,6 @@ class ObjectStore(Protocol):
         """Stream bytes [start, end) of an object (end None: to the end). Raises ObjectNotFound."""
         ...
 
-    async def presign_get(self, uri: str, expires_s: float) -> str:
-        """A URL that GETs the object (honouring Range) until it expires."""
-        ...
-
-    async def presign_put(self, key: str, expires_s: float) -> str:
-        """A URL that takes one PUT of the whole object under `key` until it expires."""
-        ...
-
     async def delete(self, uri: str) -> None:
         ...
 

@@ -14,9 +14,9 @@ from minions.store.s3 import S3Store
 _HAS_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def open_store(store_uri: str, *, signing_key: str, base_url: str, s3_endpoint_url: str = "") -> ObjectStore:
+def open_store(store_uri: str, *, s3_endpoint_url: str = "") -> ObjectStore:
     """`s3://bucket[/prefix]` -> S3Store; `file:///abs/path` or a plain path -> LocalStore (the folder
-    is created). `signing_key` and `base_url` sign the local store's URLs; S3 presigns on its own."""
+    is created). To read and write only: URLs for executors are the API's (services/api/url_signing.py)."""
     if not store_uri:
         raise ValueError("no object store configured: set MINIONS_STORE to s3://bucket/prefix or file:///path")
     if store_uri.startswith("s3://"):
@@ -38,4 +38,4 @@ def open_store(store_uri: str, *, signing_key: str, base_url: str, s3_endpoint_u
         tighten(root, DIR_MODE)
     except OSError as e:
         raise ValueError(f"cannot create the object store folder {root}: {e}") from e
-    return LocalStore(root, signing_key, base_url)
+    return LocalStore(root)

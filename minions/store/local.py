@@ -1,5 +1,6 @@
 """The local-folder object store: objects are files under one root, served to executors by the API
-through signed, expiring URLs (`minions.store.signing`), so executors see the same protocol as S3.
+through signed, expiring URLs (services/api/url_signing.py signs them with `minions.store.signing`),
+so executors see the same protocol as S3. Reading and writing here needs no key and no API address.
 
 Every file operation runs in a worker thread (asyncio.to_thread): a slow disk must never stall the
 event loop that also serves claims and heartbeats.
@@ -20,7 +21,6 @@ from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from minions.private_files import make_private_dir, open_private
-from minions.store import signing
 from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, validate_key
 
 CHUNK_SIZE = 256 * 1024
@@ -70,15 +70,10 @@ class LocalObject:
 class LocalStore:
     """Objects as files under `root` (URI `file:///abs/root`)."""
 
-    def __init__(self, root: Path, signing_key: str, base_url: str) -> None:
-        if not signing_key:
-            # An empty key would make every signature forgeable by anyone who reads this code.
-            raise ValueError("LocalStore needs a non-empty signing key")
+    def __init__(self, root: Path) -> None:
         # abspath, not resolve(): no filesystem access, and URIs keep the spelling the operator
         # configured (a symlinked data dir stays addressable by its configured path).
         self.root = Path(os.path.abspath(root))
-        self.signing_key = signing_key
-        self.base_url = base_url.rstrip("/")
         self._root_uri = self.root.as_uri().rstrip("/")
 
     @property
@@ -154,14 +149,6 @@ class LocalStore:
         async with await self.open(uri) as obj:
             async for chunk in obj.chunks(start, end):
                 yield chunk
-
-    async def presign_get(self, uri: str, expires_s: float) -> str:
-        return signing.signed_url(self.base_url, self.signing_key, "GET", self.key_for(uri),
-                                  signing.expiry(expires_s))
-
-    async def presign_put(self, key: str, expires_s: float) -> str:
-        return signing.signed_url(self.base_url, self.signing_key, "PUT", validate_key(key),
-                                  signing.expiry(expires_s))
 
     async def delete(self, uri: str) -> None:
         """Remove an object; deleting a missing one is not an error (as on S3)."""

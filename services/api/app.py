@@ -25,6 +25,7 @@ from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
 from minions.services.api.slow_clients import ClientLimits, body_deadline
+from minions.services.api.url_signing import signing_store
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
 
@@ -77,8 +78,8 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     signing_key = await _signing_key(app[POOL])
     app[CLUSTER] = await _cluster_settings(app[POOL], settings)
-    store = open_store(settings.store, signing_key=signing_key, base_url=settings.url_for_executors,
-                       s3_endpoint_url=settings.s3_endpoint_url)
+    store = signing_store(open_store(settings.store, s3_endpoint_url=settings.s3_endpoint_url),
+                          signing_key, settings.url_for_executors)
     app[STORE] = store
     yield
     await store.close()

@@ -11,13 +11,13 @@ from minions.cluster_settings import LiveClusterSettings
 from minions.config import Settings
 from minions.services.api.auth import TokenCache
 from minions.services.api.claim_waiters import ClaimWaiters
-from minions.store.base import ObjectStore
+from minions.services.api.url_signing import SigningStore
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 # The cluster-wide values (lease timeout, max attempts) as the database holds them, kept current.
 CLUSTER = web.AppKey("cluster", LiveClusterSettings)
-STORE = web.AppKey("store", ObjectStore)
+STORE = web.AppKey("store", SigningStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
 TOKENS = web.AppKey("tokens", TokenCache)
 # Whether the local store may take a PUT of this key now: only the output key of a live lease

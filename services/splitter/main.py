@@ -105,13 +105,13 @@ async def serve(settings: Settings, workers: int) -> int:
 
 
 async def _open_store(settings: Settings, stop: asyncio.Event) -> ObjectStore | None:
-    """The store, once the database tells us its signing key (waits for the database)."""
+    """The store, once the database is there and migrated (its signing key is the mark; the splitter
+    signs no URL)."""
     key = await _signing_key(settings.database_url, stop)
     if key is None:
         return None
     try:
-        return open_store(settings.store, signing_key=key, base_url=settings.url_for_executors,
-                          s3_endpoint_url=settings.s3_endpoint_url)
+        return open_store(settings.store, s3_endpoint_url=settings.s3_endpoint_url)
     except ValueError as exc:
         log.error("store_unavailable", error=str(exc))
         return None

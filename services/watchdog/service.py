@@ -27,7 +27,8 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.watchdog.deadlines import Deadlines
 from minions.store.base import StoreError
-from minions.store_gc import GcReport, collect_garbage, open_store_for
+from minions.store.factory import open_store
+from minions.store_gc import GcReport, collect_garbage
 
 Q = Queries("watchdog")
 log = get_logger(__name__)
@@ -86,7 +87,7 @@ class Watchdog:
     async def _collect_garbage(self) -> GcReport:
         conn = await connect(self.settings.database_url)
         try:
-            store = await open_store_for(conn, self.settings.store, self.settings.s3_endpoint_url)
+            store = open_store(self.settings.store, s3_endpoint_url=self.settings.s3_endpoint_url)
             try:
                 return await collect_garbage(conn, store, grace_s=self.settings.gc_grace_s)
             finally:

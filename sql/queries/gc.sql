@@ -1,8 +1,5 @@
 -- Statements of the object-store garbage collector (`minions gc`, the watchdog's sweep).
 
--- name: store_signing_key
-SELECT value FROM minion_settings WHERE key = 'store_signing_key';
-
 -- name: stale_input_records
 -- $1 grace (s), $2 dry run, $3 batch size
 SELECT uri, bytes FROM minion_gc_input_records($1, $2, $3);

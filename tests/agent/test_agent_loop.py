@@ -169,8 +169,7 @@ async def world(database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixt
     overrides = {"heartbeat_interval_s": 0.2, "long_poll_s": 1.0, "lease_timeout_s": 60.0, **settings}
     async with running_api(database_url, tmp_path / "store", **overrides) as api:
         conn = await connect(database_url)
-        key = await conn.fetchval("SELECT value FROM minion_settings WHERE key = 'store_signing_key'")
-        store = open_store(api.settings.store, signing_key=key, base_url=api.settings.url_for_executors)
+        store = open_store(api.settings.store)
         try:
             yield World(api, conn, store, caplog)
         finally:

@@ -20,9 +20,9 @@ from minions import jsoncodec
 from minions.config import Settings
 from minions.services.api.appkeys import OUTPUT_WRITABLE, STORE
 from minions.services.api.errors import error_response
+from minions.services.api.url_signing import SignedLocalStore
 from minions.store import signing
 from minions.store.base import InvalidKey, ObjectNotFound, validate_key
-from minions.store.local import LocalStore
 
 ROUTE = "/api/v1/store/{key:.+}"
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
@@ -40,10 +40,10 @@ def add_routes(app: web.Application, max_put_bytes: int = Settings.max_output_by
     app.router.add_put(ROUTE, put_object)
 
 
-def _authorize(request: web.Request, method: str) -> tuple[LocalStore, str] | web.Response:
+def _authorize(request: web.Request, method: str) -> tuple[SignedLocalStore, str] | web.Response:
     """The store and key of a validly signed request, or the error response to send."""
     store = request.app[STORE]
-    if not isinstance(store, LocalStore):
+    if not isinstance(store, SignedLocalStore):
         return error_response(404, "not_found", "this server does not serve store objects")
     key = request.match_info["key"]
     try:

@@ -1,0 +1,58 @@
+"""URLs for executors: only the API hands them out, so signing lives here, not in the store.
+
+An S3 store presigns with its own credentials (S3Store.presign_*). The local store's objects are
+served by this API (routes/store.py) at URLs signed with the database's key and the API's address
+as executors reach it (MINIONS_PUBLIC_URL, else host:port): `SignedLocalStore`. Everything else
+(the splitter, the garbage collector, the CLI) opens a store with `open_store` and needs neither.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from minions.store import signing
+from minions.store.base import ObjectStore, validate_key
+from minions.store.local import LocalStore
+from minions.store.s3 import S3Store
+
+
+class SigningStore(ObjectStore, Protocol):
+    """A store the API can hand out URLs for."""
+
+    async def presign_get(self, uri: str, expires_s: float) -> str:
+        """A URL that GETs the object (honouring Range) until it expires."""
+        ...
+
+    async def presign_put(self, key: str, expires_s: float) -> str:
+        """A URL that takes one PUT of the whole object under `key` until it expires."""
+        ...
+
+
+class SignedLocalStore(LocalStore):
+    """The local store as the API serves it: URLs at `base_url`, signed with `signing_key`."""
+
+    def __init__(self, root: Path, signing_key: str, base_url: str) -> None:
+        if not signing_key:
+            # An empty key would make every signature forgeable by anyone who reads this code.
+            raise ValueError("the local store's URLs need a non-empty signing key")
+        super().__init__(root)
+        self.signing_key = signing_key
+        self.base_url = base_url.rstrip("/")
+
+    async def presign_get(self, uri: str, expires_s: float) -> str:
+        return signing.signed_url(self.base_url, self.signing_key, "GET", self.key_for(uri),
+                                  signing.expiry(expires_s))
+
+    async def presign_put(self, key: str, expires_s: float) -> str:
+        return signing.signed_url(self.base_url, self.signing_key, "PUT", validate_key(key),
+                                  signing.expiry(expires_s))
+
+
+def signing_store(store: ObjectStore, signing_key: str, base_url: str) -> SigningStore:
+    """The opened store, able to hand out URLs: S3 as it is, a local folder signed by us."""
+    if isinstance(store, LocalStore):
+        return SignedLocalStore(store.root, signing_key, base_url)
+    if isinstance(store, S3Store):
+        return store
+    raise ValueError(f"cannot hand out URLs for the store {store.root_uri}")
