@@ -83,16 +83,14 @@ class LiveClusterSettings:
 
     def __init__(self, pool: asyncpg.Pool, current: ClusterSettings) -> None:
         self._pool = pool
-        self.current = current
         self._refreshing: set[asyncio.Task[None]] = set()  # held so the loop does not drop them
+        self._adopt(current)
 
-    @property
-    def lease_timeout_s(self) -> float:
-        return self.current.lease_timeout_s
-
-    @property
-    def max_attempts(self) -> int:
-        return self.current.max_attempts
+    def _adopt(self, current: ClusterSettings) -> None:
+        self.current = current
+        # Plain attributes, read on every claim and registration.
+        self.lease_timeout_s = current.lease_timeout_s
+        self.max_attempts = current.max_attempts
 
     def notified(self, payload: str) -> None:
         self._refresh_soon()
@@ -115,4 +113,4 @@ class LiveClusterSettings:
         if fresh != self.current:
             log.info("cluster_settings_changed", lease_timeout_s=fresh.lease_timeout_s,
                      max_attempts=fresh.max_attempts)
-        self.current = fresh
+        self._adopt(fresh)
