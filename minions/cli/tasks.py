@@ -16,10 +16,8 @@ import aiohttp
 from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.progress import ProgressBar
+from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
-
-FINISHED = ("completed", "failed", "cancelled")
-STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--team", required=True, help="team the task belongs to (required)")
     p.add_argument("--project", required=True, help="project within the team (required)")
     p.add_argument("--name", required=True, help="task name, unique within team/project (required)")
-    p.add_argument("--kind", required=True, choices=("embedding", "completion", "sleep"),
+    p.add_argument("--kind", required=True, choices=KINDS,
                    help="what to run on each record (required)")
     p.add_argument("--model", default=None,
                    help="model name, e.g. sentence-transformers/all-MiniLM-L6-v2 (required but for --kind sleep)")
@@ -47,7 +45,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     connection.add_arguments(p)
     p.add_argument("task", nargs="?", help="TEAM/PROJECT/NAME (default: list the latest tasks)")
     p.add_argument("--team", help="only this team's tasks (default: all you can see)")
-    p.add_argument("--status", dest="status_filter", choices=STATUSES,
+    p.add_argument("--status", dest="status_filter", choices=TASK_STATUSES,
                    help="only tasks in this status (default: any)")
     p.add_argument("--limit", type=int, default=30, help="at most this many tasks")
     p.set_defaults(handler=status)
@@ -252,7 +250,7 @@ async def _wait(client: MinionsClient, team: str, project: str, name: str, inter
                     _print_warnings(task)
                     warned = True
                 bar.update(task)
-            if task["status"] in FINISHED:
+            if task["status"] in FINISHED_TASK_STATUSES:
                 break
             await asyncio.sleep(interval)
     finally:

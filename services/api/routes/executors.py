@@ -9,9 +9,9 @@ from typing import Any
 from aiohttp import web
 
 from minions.db.queries import Queries
+from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import NAME
-from minions.records import KINDS
 from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
+from minions.kinds import TASK_STATUSES
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
@@ -35,7 +36,6 @@ Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 RESULT_PAGE = 200
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -154,8 +154,8 @@ async def list_tasks(request: web.Request) -> web.Response:
     for key, value in (("team", team), ("project", project)):
         if value is not None and not NAME.match(value):
             errors[key] = "not a valid name"
-    if status is not None and status not in STATUSES:
-        errors["status"] = f"must be one of {', '.join(STATUSES)}"
+    if status is not None and status not in TASK_STATUSES:
+        errors["status"] = f"must be one of {', '.join(TASK_STATUSES)}"
     cursor_raw = request.query.get("cursor") or None
     cursor = None
     if cursor_raw is not None:
