@@ -322,6 +322,23 @@ def _object(properties: Schema, required: list[str] | None = None, **extra: Any)
             "properties": properties, **extra}
 
 
+def _meta_schema() -> Schema:
+    values: Schema = {"oneOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string"}]}
+    param = _object({"type": {"type": "string", "enum": ["boolean", "integer", "number", "string"]},
+                     "minimum": {"type": "number"}, "maximum": {"type": "number"},
+                     "choices": {"type": "array", "items": {"type": "string"}}, "default": values},
+                    required=["type"])
+    kind = _object({"default_subtask_size": {"type": "integer", "minimum": 1},
+                    "params": {"type": "object", "additionalProperties": param}})
+    return _object({
+        "kinds": {"type": "object", "additionalProperties": kind,
+                  "description": "Each kind (" + ", ".join(KINDS) + ") by name."},
+        "task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
+        "finished_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
+        "subtask_states": {"type": "array", "items": {"type": "string", "enum": list(SUBTASK_STATES)}},
+    })
+
+
 def _count() -> Schema:
     return {"type": "integer", "minimum": 0}
 
@@ -471,6 +488,7 @@ def _response_schemas() -> dict[str, Schema]:
         "Ok": _object({"status": {"type": "string", "enum": ["ok"]}}),
         "Health": _object({"status": {"type": "string", "enum": ["ok"]},
                            "database": {"type": "string", "enum": ["ok"]}}),
+        "Meta": _meta_schema(),
     }
 
 
@@ -493,6 +511,12 @@ def _paths() -> dict[str, Schema]:
             "security": [],
             "responses": _responses(_ok(_ref("Health"), "Up, and the database answers."),
                                     {"503": {"$ref": "#/components/responses/DatabaseUnavailable"}}),
+        }},
+        "/api/v1/meta": {"get": {
+            "operationId": "meta",
+            "tags": ["meta"],
+            "summary": "The task kinds (params, default subtask sizes) and the task statuses",
+            "responses": _responses(_ok(_ref("Meta"), "What this server knows."), _AUTHED),
         }},
         "/api/v1/tasks": {
             "post": {
@@ -800,6 +824,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
             {"name": "tokens", "description": "Token lifecycle (admins)."},
             {"name": "health", "description": "Liveness, for load balancers."},
+            {"name": "meta", "description": "The kinds and statuses this server knows (any token)."},
         ],
         "security": [{"bearerAuth": []}],
         "paths": _paths(),
