@@ -9,9 +9,9 @@ from typing import Any
 from minions import jsoncodec
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, params_problems
 from minions.names import NAME, NAME_RULE
-from minions.services.api.bodies import NUL_RULE, nul_path
 from minions.services.api.errors import bad_request, invalid
 from minions.services.api.inline_records import MalformedRecords, SpooledRecords, scan_records
+from minions.services.api.nul import NUL_RULE, nul_path
 
 MAX_SUBTASK_SIZE = 100_000
 MAX_FIELD_ERRORS = 20

@@ -43,7 +43,7 @@ CASES = [
     # routes/subtasks.py task_subtasks: the same isdigit()/int() mismatch for `after`.
     _case("subtasks-after-superscript", "GET", "/api/v1/tasks/{team}/{project}/{name}/subtasks",
           "/api/v1/tasks/search/ranker/fuzz-queued/subtasks?after=%C2%B2"),
-    # tasks.py _task_row: path names go to the database unchecked.
+    # tasks.py task_row: path names go to the database unchecked.
     _case("task-path-nul", "GET", "/api/v1/tasks/{team}/{project}/{name}", "/api/v1/tasks/search/ranker/a%00"),
     _case("cancel-path-nul", "POST", "/api/v1/tasks/{team}/{project}/{name}/cancel",
           "/api/v1/tasks/search/ranker/a%00/cancel"),
