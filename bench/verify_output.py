@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minions import jsoncodec
+from minions.kinds import KINDS
 from minions.services.api.output_check import OutputCheck
 from minions.services.api.verified_output import copy_verified
 from minions.store.local import CHUNK_SIZE, LocalStore
@@ -108,9 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=32)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--shape", choices=("embedding", "completion", "sleep"), action="append")
+    parser.add_argument("--shape", choices=KINDS, action="append")
     args = parser.parse_args()
-    for shape in args.shape or ["embedding", "completion", "sleep"]:
+    for shape in args.shape or KINDS:
         asyncio.run(run(shape, args.mb, args.rounds))
 
 

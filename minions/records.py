@@ -19,8 +19,9 @@ from typing import Final
 
 import orjson
 
-KINDS: Final = ("embedding", "completion", "sleep")
-ROLES: Final = ("system", "user", "assistant", "tool")
+from minions.kinds import KINDS
+
+CHAT_ROLES: Final = ("system", "user", "assistant", "tool")
 MAX_ID_LENGTH: Final = 256
 MAX_SLEEP_MS: Final = 3_600_000
 
@@ -154,8 +155,8 @@ def _completion_problem(record: dict[str, object]) -> tuple[str, str] | None:
         if not isinstance(message, dict):
             return where, "must be an object with role and content"
         role = message.get("role")
-        if role not in ROLES:
-            return f"{where}.role", f"must be one of {', '.join(ROLES)}"
+        if role not in CHAT_ROLES:
+            return f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}"
         if not isinstance(message.get("content"), str):
             return f"{where}.content", "must be a string"
     return None

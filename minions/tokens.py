@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-ROLES = ("admin", "user", "executor")
+TOKEN_ROLES = ("admin", "user", "executor")
 # What a token list shows of a secret: "mn_" and 5 characters (30 of its 256 random bits), enough to
 # tell one's own tokens apart, far too little to guess the rest.
 PREFIX_LENGTH = 8

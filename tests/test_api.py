@@ -266,3 +266,29 @@ async def test_fifty_http_claimers_on_a_hundred_subtasks_lease_each_once(api: Ap
     conn = await connect(database_url)
     assert await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement WHERE task_id = $1", task_id) == 100
     await conn.close()
+
+
+async def test_meta_lists_the_kinds_params_and_statuses_the_server_checks(api: ApiHarness) -> None:
+    assert (await api.call("GET", "/api/v1/meta", token=None)).status == 401
+    reply = await api.call("GET", "/api/v1/meta", token="executor")
+    assert reply.status == 200
+    meta = reply.body
+    assert list(meta["kinds"]) == ["embedding", "completion", "sleep"]
+    assert meta["kinds"]["completion"]["default_subtask_size"] == 50
+    assert meta["kinds"]["embedding"]["params"]["pooling"] == {"type": "string", "choices": ["mean", "cls"],
+                                                               "default": "mean"}
+    assert meta["finished_task_statuses"] == ["completed", "failed", "cancelled"]
+    # What it says is what a submission is held to: the bound it names is the one the server applies.
+    limit = meta["kinds"]["embedding"]["params"]["max_length"]["maximum"]
+    for max_length, status in ((limit, 201), (limit + 1, 422)):
+        body = {**SLEEP_TASK, "name": f"meta-{max_length}", "kind": "embedding", "model": "m",
+                "params": {"max_length": max_length}, "input": {"records": [{"id": 1, "text": "a"}]}}
+        assert (await api.call("POST", "/api/v1/tasks", json=body)).status == status
+    reply = await api.call("GET", "/api/v1/tasks?status=" + meta["task_statuses"][1])
+    assert reply.status == 200
+
+
+async def test_a_name_with_a_trailing_newline_is_refused(api: ApiHarness) -> None:
+    # "$" would match before the newline; minions/names.py's rule ends with \Z (the agent uses it too).
+    reply = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "name": "t1\n"})
+    assert reply.status == 422 and "name" in reply.error["fields"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from minions.kinds import KINDS
 from minions.records import (
-    KINDS,
     MAX_ID_LENGTH,
     DuplicateIds,
     check_record,

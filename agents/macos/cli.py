@@ -1,6 +1,6 @@
 """`minions agent` (run the executor agent) and `minions agent install`.
 
-The `minions` CLI calls `add_parser(subparsers)` and, for the `agent` command, `run(args)`;
+The `minions` CLI calls `add_parser(subparsers)` and, for the `agent` command, `run(args)` (its handler);
 `python -m minions.agents.macos` calls `main()`, which goes through the same two functions.
 """
 
@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
         default="Adaptive",
         help="launchd ProcessType (default Adaptive)",
     )
-    parser.set_defaults(agent_run=run)
+    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

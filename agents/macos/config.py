@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import socket
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -28,8 +27,9 @@ from typing import Any
 from minions import config as minions_config
 from minions import jsoncodec
 from minions.agents.macos.runners.precision import PRECISION_SETTINGS
+from minions.kinds import KINDS
+from minions.names import is_name
 
-KINDS = ("embedding", "completion", "sleep")
 COMPLETION_BACKENDS = ("ollama", "transformers")
 DEFAULT_CONFIG_PATH = Path("~/.config/minions/agent.toml")  # where XDG_CONFIG_HOME is unset
 
@@ -47,8 +47,6 @@ def config_home(home: Path | None = None, environ: Mapping[str, str] | None = No
 def default_config_path(home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     return config_home(home, environ) / "minions" / "agent.toml"
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
-# API.md's name rule for team, project and task name.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class AgentConfigError(ValueError):
@@ -149,7 +147,7 @@ class AgentConfig:
 def parse_preference(text: str) -> Preference:
     """`search`, `search/ranker` or `search/ranker/emb-1`."""
     parts = text.strip().split("/")
-    if not 1 <= len(parts) <= 3 or not all(_NAME.match(p) for p in parts):
+    if not 1 <= len(parts) <= 3 or not all(is_name(p) for p in parts):
         raise AgentConfigError(f"--prefer {text!r}: expected team[/project[/task_name]], each 1-64 of [A-Za-z0-9._-]")
     padded = [*parts, None, None]
     return Preference(team=parts[0], project=padded[1], task_name=padded[2])

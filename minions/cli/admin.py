@@ -14,7 +14,7 @@ from minions.db.migrate import migrate
 from minions.db.queries import Queries
 from minions.embedded_pg import bin_path
 from minions.names import is_name
-from minions.tokens import ROLES, hash_token, new_token, token_prefix
+from minions.tokens import TOKEN_ROLES, hash_token, new_token, token_prefix
 
 Q = Queries("cli")
 
@@ -33,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = token_sub.add_parser("create", help="create a token and print it (it is stored only hashed)")
     config.add_arguments(p, ("database_url",))
     p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
-    p.add_argument("--role", required=True, choices=ROLES, help="what the token may do (required)")
+    p.add_argument("--role", required=True, choices=TOKEN_ROLES, help="what the token may do (required)")
     p.add_argument("--team", default=None, help="scope the token to one team")
     p.add_argument("--label", default="", help="a note saying who or what holds it")
     p.add_argument("--expires-in", type=tokens.duration_s, default=None, metavar="DURATION",

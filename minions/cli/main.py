@@ -41,7 +41,6 @@ SERVICES = {
     "splitter": "minions.services.splitter.main",
     "watchdog": "minions.services.watchdog.main",
 }
-CLIENT_COMMANDS = ("submit", "status", "wait", "results", "cancel", "executors", "delete")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -140,12 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         args.psql_args = [*extra, *args.psql_args]
     else:
         args = parser.parse_args(argv)
-    if args.command in CLIENT_COMMANDS:
-        from minions.cli import tasks
-
-        return tasks.run(args)
-    if args.command == "agent":
-        return int(args.agent_run(args))
+    # Every command, client or server or the agent, sets one handler: the parsed args -> exit status.
     code: int = args.handler(args)
     return code
 

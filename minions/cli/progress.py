@@ -11,11 +11,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+from minions.kinds import FINISHED_TASK_STATUSES
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-FINISHED = ("completed", "failed", "cancelled")
 
 
 def _duration(seconds: float) -> str:
@@ -103,7 +104,8 @@ class ProgressBar:
                                   rate=f"{self._rate(done):,.1f}/s", state=self._state(task))
             return
         line = self.render(task)
-        if line != self._last_line and (time.monotonic() - self._last_print >= 2 or task["status"] in FINISHED):
+        finished = task["status"] in FINISHED_TASK_STATUSES
+        if line != self._last_line and (time.monotonic() - self._last_print >= 2 or finished):
             # Logs and CI: a line every couple of seconds, not a redraw per poll.
             self.stream.write(line + "\n")
             self._last_print = time.monotonic()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from minions import jsoncodec
-from minions.cli.tasks import _wait
+from minions.cli.tasks import wait_with_progress
 from minions.sample import embedding_records
 from minions.sdk import MinionsClient
 
@@ -25,7 +25,7 @@ async def run_sample(api_url: str, token: str, data_dir: Path, count: int) -> in
             "params": {"normalize": True, "max_length": 256},
         })
         print(f"submitted demo/sample/{name}: {count} sentences, {MODEL}")
-        status = await _wait(client, "demo", "sample", name, 0.5)
+        status = await wait_with_progress(client, "demo", "sample", name, 0.5)
         out = data_dir / f"{name}.results.jsonl"
         lines = 0
         with out.open("wb") as f:

@@ -12,6 +12,7 @@ import asyncpg
 from minions import config
 from minions.cli import connection
 from minions.cli.admin import database_url
+from minions.cli.client_command import client_command
 from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.names import is_name
@@ -32,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("delete", help="delete a finished task (its input and results are then garbage)")
     connection.add_arguments(p)
     p.add_argument("task", help="TEAM/PROJECT/NAME")
-    p.set_defaults(handler=delete)
+    p.set_defaults(handler=client_command(delete))
 
     team = sub.add_parser("team", help="team settings kept by operators")
     team_sub = team.add_subparsers(dest="team_command", required=True)
@@ -89,7 +90,7 @@ def gc(args: argparse.Namespace) -> int:
 
 
 async def delete(args: argparse.Namespace) -> int:
-    """A client command (over the API, run by `tasks.run`, which reports its errors)."""
+    """A client command (over the API: `client_command` runs it and reports its errors)."""
     parts = args.task.split("/")
     if len(parts) != 3 or not all(parts):
         raise SystemExit(f"minions: expected TEAM/PROJECT/NAME, got {args.task!r}")

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from minions import jsoncodec
 from minions.cli import connection
+from minions.cli.client_command import client_command
 from minions.cli.progress import ProgressBar
+from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
-
-FINISHED = ("completed", "failed", "cancelled")
-STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--team", required=True, help="team the task belongs to (required)")
     p.add_argument("--project", required=True, help="project within the team (required)")
     p.add_argument("--name", required=True, help="task name, unique within team/project (required)")
-    p.add_argument("--kind", required=True, choices=("embedding", "completion", "sleep"),
+    p.add_argument("--kind", required=True, choices=KINDS,
                    help="what to run on each record (required)")
     p.add_argument("--model", default=None,
                    help="model name, e.g. sentence-transformers/all-MiniLM-L6-v2 (required but for --kind sleep)")
@@ -41,39 +37,39 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
-    p.set_defaults(handler=submit)
+    p.set_defaults(handler=client_command(submit))
 
     p = sub.add_parser("status", help="tasks as a table, or one task (TEAM/PROJECT/NAME)")
     connection.add_arguments(p)
     p.add_argument("task", nargs="?", help="TEAM/PROJECT/NAME (default: list the latest tasks)")
     p.add_argument("--team", help="only this team's tasks (default: all you can see)")
-    p.add_argument("--status", dest="status_filter", choices=STATUSES,
+    p.add_argument("--status", dest="status_filter", choices=TASK_STATUSES,
                    help="only tasks in this status (default: any)")
     p.add_argument("--limit", type=int, default=30, help="at most this many tasks")
-    p.set_defaults(handler=status)
+    p.set_defaults(handler=client_command(status))
 
     p = sub.add_parser("wait", help="wait for a task with a progress bar, then summarise it")
     connection.add_arguments(p)
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
-    p.set_defaults(handler=wait)
+    p.set_defaults(handler=client_command(wait))
 
     p = sub.add_parser("results", help="download a task's results (JSONL, input order)")
     connection.add_arguments(p, json_flag=False)  # results are JSON lines already
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     p.add_argument("--partial", action="store_true", help="what is committed so far, before the end")
-    p.set_defaults(handler=results)
+    p.set_defaults(handler=client_command(results))
 
     p = sub.add_parser("cancel", help="cancel a task")
     connection.add_arguments(p)
     p.add_argument("task", help="TEAM/PROJECT/NAME")
-    p.set_defaults(handler=cancel)
+    p.set_defaults(handler=client_command(cancel))
 
     p = sub.add_parser("executors", help="executors as a table, with the models each serves")
     connection.add_arguments(p)
     p.add_argument("--team", help="only executors scoped to this team (default: all you can see)")
-    p.set_defaults(handler=executors)
+    p.set_defaults(handler=client_command(executors))
 
 
 def _task_path(value: str) -> tuple[str, str, str]:
@@ -100,24 +96,6 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
     with path.open("rb") as f:  # reads go to a thread: the event loop never blocks on the disk
         while chunk := await asyncio.to_thread(f.read, 1 << 20):
             yield chunk
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        result: int = asyncio.run(args.handler(args))
-        return result
-    except BrokenPipeError:
-        # The reader went away (`minions results ... | head`): what it wanted it got. No message, and
-        # stdout points at /dev/null so the interpreter's final flush cannot complain either.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except MinionsError as exc:
-        print(f"minions: {exc}", file=sys.stderr)
-        return 1
-    except (aiohttp.ClientError, OSError) as exc:
-        print(f"minions: cannot reach the API: {exc}", file=sys.stderr)
-        return 1
 
 
 def _warnings(task: dict[str, Any]) -> list[str]:
@@ -181,7 +159,7 @@ async def submit(args: argparse.Namespace) -> int:
             _print_warnings(task)
         if args.wait:
             # --json --wait: one JSON document, the task as it ended.
-            return await _wait(client, args.team, args.project, args.name, 0.5, quiet=args.json)
+            return await wait_with_progress(client, args.team, args.project, args.name, 0.5, quiet=args.json)
         if args.json:
             print(jsoncodec.dumps_str(task))
     return 0
@@ -231,7 +209,7 @@ async def status(args: argparse.Namespace) -> int:
 
 async def wait(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
-        return await _wait(client, *_task_path(args.task), args.interval, quiet=args.json)
+        return await wait_with_progress(client, *_task_path(args.task), args.interval, quiet=args.json)
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
@@ -240,7 +218,7 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-async def _wait(client: MinionsClient, team: str, project: str, name: str, interval: float,
+async def wait_with_progress(client: MinionsClient, team: str, project: str, name: str, interval: float,
                 *, quiet: bool = False) -> int:
     bar = ProgressBar(f"{team}/{project}/{name}")
     warned = False
@@ -252,7 +230,7 @@ async def _wait(client: MinionsClient, team: str, project: str, name: str, inter
                     _print_warnings(task)
                     warned = True
                 bar.update(task)
-            if task["status"] in FINISHED:
+            if task["status"] in FINISHED_TASK_STATUSES:
                 break
             await asyncio.sleep(interval)
     finally:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from minions.kinds import FINISHED_TASK_STATUSES
+
 RecordId = str | int
-FINISHED = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class Task:
 
     @property
     def finished(self) -> bool:
-        return self.status in FINISHED
+        return self.status in FINISHED_TASK_STATUSES
 
     @property
     def duration_s(self) -> float | None:

@@ -20,7 +20,7 @@ from minions.services.api.appkeys import CLUSTER, OUTPUT_WRITABLE, POOL, SETTING
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
-from minions.services.api.routes import executors, health, leases, subtasks, tasks, tokens
+from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -49,6 +49,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
     app.router.add_routes(health.routes)
+    app.router.add_routes(meta.routes)
     openai_wiring.install(app)
     app.router.add_routes(tasks.routes)
     app.router.add_routes(executors.routes)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from minions.records import KINDS, MAX_ID_LENGTH, MAX_SLEEP_MS, ROLES
+from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES, Param
+from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
 from minions.services.api.validation import MAX_SUBTASK_SIZE
-from minions.tokens import ROLES as TOKEN_ROLES
+from minions.tokens import TOKEN_ROLES
 
 Schema = dict[str, Any]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-TASK_STATUSES = ["submitted", "splitting", "queued", "running", "completed", "failed", "cancelled"]
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
-SUBTASK_STATES = ["pending", "leased", "done", "failed", "cancelled"]
 ATTEMPT_OUTCOMES = ["running", "done", "failed", "lost", "released", "cancelled", "superseded"]
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -144,7 +143,7 @@ def _records_schemas() -> dict[str, Schema]:
     message = {
         "type": "object",
         "required": ["role", "content"],
-        "properties": {"role": {"type": "string", "enum": list(ROLES)}, "content": {"type": "string"}},
+        "properties": {"role": {"type": "string", "enum": list(CHAT_ROLES)}, "content": {"type": "string"}},
     }
     return {
         "EmbeddingRecord": {
@@ -172,22 +171,20 @@ def _records_schemas() -> dict[str, Schema]:
     }
 
 
-_PARAMS: dict[str, Schema] = {
-    "embedding": {
-        "normalize": {"type": "boolean"},
-        "pooling": {"type": "string", "enum": ["mean", "cls"]},
-        "max_length": _int(1, 8192),
-        "batch_size": _int(1, 4096),
-    },
-    "completion": {
-        "temperature": {"type": "number", "minimum": 0, "maximum": 10},
-        "max_tokens": _int(1, 131072),
-        "seed": _int(-(2**63), 2**63 - 1),
-        "system": {"type": "string", "pattern": NO_NUL},
-    },
-    "sleep": {},
-}
-_DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
+def _param(param: Param) -> Schema:
+    if param.type == "integer":
+        return _int(int(param.minimum or 0), int(param.maximum or 0))
+    schema: Schema = {"type": param.type}
+    if param.type == "number":
+        schema.update({"minimum": param.minimum, "maximum": param.maximum})
+    if param.choices:
+        schema["enum"] = list(param.choices)
+    elif param.type == "string":
+        schema["pattern"] = NO_NUL
+    return schema
+
+
+_PARAMS: dict[str, Schema] = {kind: {name: _param(p) for name, p in params.items()} for kind, params in PARAMS.items()}
 _RECORD_SCHEMA = {"embedding": "EmbeddingRecord", "completion": "CompletionRecord", "sleep": "SleepRecord"}
 
 
@@ -221,7 +218,7 @@ def _task_request(kind: str) -> Schema:
                 ],
             },
             "subtask_size": _nullable({**_int(1, MAX_SUBTASK_SIZE, "Records per subtask."),
-                                       "default": _DEFAULT_SUBTASK_SIZE[kind]}),
+                                       "default": DEFAULT_SUBTASK_SIZE[kind]}),
             "params": _nullable({"type": "object", "additionalProperties": False,
                                  "properties": _PARAMS[kind], "description": f"Parameters of a {kind} task."}),
             "priority": {**_int(-1000, 1000, "Higher runs first."), "default": 0},
@@ -325,6 +322,23 @@ def _object(properties: Schema, required: list[str] | None = None, **extra: Any)
             "properties": properties, **extra}
 
 
+def _meta_schema() -> Schema:
+    values: Schema = {"oneOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string"}]}
+    param = _object({"type": {"type": "string", "enum": ["boolean", "integer", "number", "string"]},
+                     "minimum": {"type": "number"}, "maximum": {"type": "number"},
+                     "choices": {"type": "array", "items": {"type": "string"}}, "default": values},
+                    required=["type"])
+    kind = _object({"default_subtask_size": {"type": "integer", "minimum": 1},
+                    "params": {"type": "object", "additionalProperties": param}})
+    return _object({
+        "kinds": {"type": "object", "additionalProperties": kind,
+                  "description": "Each kind (" + ", ".join(KINDS) + ") by name."},
+        "task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
+        "finished_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
+        "subtask_states": {"type": "array", "items": {"type": "string", "enum": list(SUBTASK_STATES)}},
+    })
+
+
 def _count() -> Schema:
     return {"type": "integer", "minimum": 0}
 
@@ -372,7 +386,7 @@ def _response_schemas() -> dict[str, Schema]:
             "params": {"type": "object"},
             "priority": {"type": "integer"},
             "subtask_size": {"type": "integer", "minimum": 1},
-            "status": {"type": "string", "enum": TASK_STATUSES},
+            "status": {"type": "string", "enum": list(TASK_STATUSES)},
             "subtasks": _object({k: _count() for k in ("total", "pending", "leased", "done", "failed", "cancelled")}),
             "records": _object({"total": _count(), "done": _count()}),
             "input_uri": {"type": "string"},
@@ -393,7 +407,7 @@ def _response_schemas() -> dict[str, Schema]:
         }),
         "Subtask": _object({
             "subtask_id": {"type": "integer", "minimum": 0},
-            "state": {"type": "string", "enum": SUBTASK_STATES},
+            "state": {"type": "string", "enum": list(SUBTASK_STATES)},
             "records": _count(),
             "attempts": _count(),
             "executor": _nullable({"type": "string", "description": "Name of the executor holding it."}),
@@ -474,6 +488,7 @@ def _response_schemas() -> dict[str, Schema]:
         "Ok": _object({"status": {"type": "string", "enum": ["ok"]}}),
         "Health": _object({"status": {"type": "string", "enum": ["ok"]},
                            "database": {"type": "string", "enum": ["ok"]}}),
+        "Meta": _meta_schema(),
     }
 
 
@@ -496,6 +511,12 @@ def _paths() -> dict[str, Schema]:
             "security": [],
             "responses": _responses(_ok(_ref("Health"), "Up, and the database answers."),
                                     {"503": {"$ref": "#/components/responses/DatabaseUnavailable"}}),
+        }},
+        "/api/v1/meta": {"get": {
+            "operationId": "meta",
+            "tags": ["meta"],
+            "summary": "The task kinds (params, default subtask sizes) and the task statuses",
+            "responses": _responses(_ok(_ref("Meta"), "What this server knows."), _AUTHED),
         }},
         "/api/v1/tasks": {
             "post": {
@@ -524,7 +545,8 @@ def _paths() -> dict[str, Schema]:
                 "parameters": [
                     _query_param("team", _name("team"), "Only this team's tasks."),
                     _query_param("project", _name("project"), "Only this project's tasks."),
-                    _query_param("status", {"type": "string", "enum": TASK_STATUSES}, "Only tasks in this status."),
+                    _query_param("status", {"type": "string", "enum": list(TASK_STATUSES)},
+                                 "Only tasks in this status."),
                     _query_param("limit", _int(1, 500), "Page size (default 50)."),
                     _query_param("cursor", _int(0, 2**63 - 1), "The `next` of the previous page (a task id)."),
                 ],
@@ -802,6 +824,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
             {"name": "tokens", "description": "Token lifecycle (admins)."},
             {"name": "health", "description": "Liveness, for load balancers."},
+            {"name": "meta", "description": "The kinds and statuses this server knows (any token)."},
         ],
         "security": [{"bearerAuth": []}],
         "paths": _paths(),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from minions.kinds import FINISHED_TASK_STATUSES
 from minions.redaction import redact
 from minions.services.api.responses import iso
 from minions.store.base import ObjectStore
 
 
 def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
-    finished = row["status"] in ("completed", "failed", "cancelled")
+    finished = row["status"] in FINISHED_TASK_STATUSES
     return {
         "team": row["team"],
         "project": row["project"],

@@ -7,36 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from minions import jsoncodec
+from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, params_problems
 from minions.names import NAME, NAME_RULE
-from minions.records import KINDS
-from minions.services.api.bodies import NUL_RULE, nul_path
 from minions.services.api.errors import bad_request, invalid
 from minions.services.api.inline_records import MalformedRecords, SpooledRecords, scan_records
+from minions.services.api.nul import NUL_RULE, nul_path
 
-DEFAULT_SUBTASK_SIZE = {"embedding": 500, "completion": 50, "sleep": 100}
 MAX_SUBTASK_SIZE = 100_000
 MAX_FIELD_ERRORS = 20
-
-# Known params per kind, each with a check returning an error or None.
-_PARAMS: dict[str, dict[str, Any]] = {
-    "embedding": {
-        "normalize": lambda v: None if isinstance(v, bool) else "must be true or false",
-        "pooling": lambda v: None if v in ("mean", "cls") else "must be \"mean\" or \"cls\"",
-        "max_length": lambda v: _int_between(v, 1, 8192),
-        "batch_size": lambda v: _int_between(v, 1, 4096),
-    },
-    "completion": {
-        "temperature": lambda v: None if _is_number(v) and 0 <= v <= 10 else "must be a number from 0 to 10",
-        "max_tokens": lambda v: _int_between(v, 1, 131072),
-        "seed": lambda v: _int_between(v, -(2**63), 2**63 - 1),
-        "system": lambda v: None if isinstance(v, str) else "must be a string",
-    },
-    "sleep": {},
-}
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _int_between(v: Any, low: int, high: int) -> str | None:
@@ -82,14 +60,8 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
         params = {}
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
-    elif isinstance(kind, str) and kind in _PARAMS:
-        for key, value in params.items():
-            check = _PARAMS[kind].get(key)
-            if check is None:
-                known = ", ".join(_PARAMS[kind]) or "none"
-                errors[f"params.{key}"] = f"unknown parameter for {kind} (known: {known})"
-            elif (problem := check(value)) is not None:
-                errors[f"params.{key}"] = problem
+    elif isinstance(kind, str) and kind in PARAMS:
+        errors.update({f"params.{name}": problem for name, problem in params_problems(kind, params).items()})
 
     priority = body.get("priority", 0)
     if (problem := _int_between(priority, -1000, 1000)) is not None:

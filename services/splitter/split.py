@@ -17,6 +17,7 @@ from typing import Literal
 import asyncpg
 
 from minions.db.queries import Queries
+from minions.kinds import FINISHED_TASK_STATUSES
 from minions.logging import get_logger
 from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Subtask
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
@@ -31,8 +32,6 @@ BATCH_SUBTASKS = 200
 BATCH_INTERVAL_S = 0.5
 # With no batch to insert for this long (huge subtasks), look whether the task was cancelled.
 CANCEL_CHECK_S = 5.0
-
-FINISHED = ("completed", "failed", "cancelled")
 
 
 class StoreUnavailable(Exception):
@@ -200,7 +199,7 @@ class TaskSplit:
         row = await self.conn.fetchrow(Q.task_status, self.task_id)
         self.last_db = time.monotonic()
         # Not a status test: the first claim makes a task "running" while it is still splitting.
-        return row is not None and row["status"] not in FINISHED and not row["split_done"]
+        return row is not None and row["status"] not in FINISHED_TASK_STATUSES and not row["split_done"]
 
     async def _explain(self, exc: InputError) -> str:
         """The input error as the task will show it: for a duplicate id, where it first appeared."""

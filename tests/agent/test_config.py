@@ -35,6 +35,13 @@ def test_preferences_with_nulls() -> None:
             config.parse_preference(bad)
 
 
+def test_a_preference_name_with_a_newline_is_refused() -> None:
+    # The same rule as the API's (minions/names.py, \Z): "$" would accept "search\n".
+    for bad in ("search\n/ranker", "search/ranker\n/emb-1"):
+        with pytest.raises(AgentConfigError):
+            config.parse_preference(bad)
+
+
 def test_repeatable_prefer_keeps_order() -> None:
     cfg = parse(["--prefer", "search/ranker/emb-1", "--prefer", "ads"])
     assert [p.to_json() for p in cfg.preferences] == [

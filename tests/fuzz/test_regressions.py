@@ -29,7 +29,7 @@ def _case(case_id: str, method: str, operation: str, path: str, body: Any = None
 
 
 CASES = [
-    # validation.py validate_task: `kind in _PARAMS` hashes kind, so a list or object kind is a TypeError.
+    # validation.py validate_task: `kind in PARAMS` hashes kind, so a list or object kind is a TypeError.
     _case("task-kind-unhashable", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "kind": [], "params": {}}),
     # minions/names.py: NAME.match with `$` lets a trailing newline through; the minion_name domain does not.
     _case("task-name-newline", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "name": "regression\n"}),
@@ -43,7 +43,7 @@ CASES = [
     # routes/subtasks.py task_subtasks: the same isdigit()/int() mismatch for `after`.
     _case("subtasks-after-superscript", "GET", "/api/v1/tasks/{team}/{project}/{name}/subtasks",
           "/api/v1/tasks/search/ranker/fuzz-queued/subtasks?after=%C2%B2"),
-    # tasks.py _task_row: path names go to the database unchecked.
+    # tasks.py task_row: path names go to the database unchecked.
     _case("task-path-nul", "GET", "/api/v1/tasks/{team}/{project}/{name}", "/api/v1/tasks/search/ranker/a%00"),
     _case("cancel-path-nul", "POST", "/api/v1/tasks/{team}/{project}/{name}/cancel",
           "/api/v1/tasks/search/ranker/a%00/cancel"),

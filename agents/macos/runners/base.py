@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from minions.agents.macos.protocol import Subtask
+from minions.kinds import PARAMS, params_problems
 
 T = TypeVar("T")
 Record = dict[str, Any]
@@ -100,3 +101,12 @@ def string_field(record: Record, key: str) -> str:
     if not isinstance(value, str):
         raise PermanentError(f"record {record.get('id')!r}: {key} must be a string")
     return value
+
+
+def checked_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The params of a `kind` subtask this runner knows, each held to the API's rule (minions/kinds.py).
+    Unknown ones are ignored: a newer server may send params an older agent does not use."""
+    given = {name: value for name, value in params.items() if name in PARAMS[kind] and value is not None}
+    for name, problem in params_problems(kind, given).items():
+        raise PermanentError(f"params.{name} {problem}")
+    return given

@@ -12,13 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from minions.agents.macos.runners.base import PermanentError, Record, string_field
+from minions.agents.macos.runners.base import PermanentError, Record, checked_params, string_field
+from minions.kinds import PARAMS
 
-# Ollama's own default, so that both backends sample alike when a task sets no temperature.
-DEFAULT_TEMPERATURE = 0.8
-# Ollama's default is "until the context is full"; a bound keeps a runaway model from holding a
-# lease for ever on the transformers backend.
-DEFAULT_MAX_TOKENS = 256
+# What the transformers backend uses when a task sets none (minions/kinds.py says why).
+DEFAULT_TEMPERATURE: float = PARAMS["completion"]["temperature"].default
+DEFAULT_MAX_TOKENS: int = PARAMS["completion"]["max_tokens"].default
 
 
 @dataclass(frozen=True)
@@ -30,25 +29,7 @@ class CompletionParams:
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> CompletionParams:
-        p = cls(
-            temperature=params.get("temperature"),
-            max_tokens=params.get("max_tokens"),
-            seed=params.get("seed"),
-            system=params.get("system"),
-        )
-        if p.temperature is not None and (
-            isinstance(p.temperature, bool) or not isinstance(p.temperature, int | float) or p.temperature < 0
-        ):
-            raise PermanentError("params.temperature must be a number >= 0")
-        for name in ("max_tokens", "seed"):
-            value = getattr(p, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise PermanentError(f"params.{name} must be an integer")
-        if p.max_tokens is not None and p.max_tokens < 1:
-            raise PermanentError("params.max_tokens must be >= 1")
-        if p.system is not None and not isinstance(p.system, str):
-            raise PermanentError("params.system must be a string")
-        return p
+        return cls(**checked_params("completion", params))
 
 
 def record_messages(record: Record, system: str | None) -> list[dict[str, str]] | None:

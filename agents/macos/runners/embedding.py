@@ -17,45 +17,30 @@ from minions.agents.macos.protocol import Subtask
 from minions.agents.macos.runners import batch_sizing, model_paths, precision, torch_setup
 from minions.agents.macos.runners.base import (
     InferenceThread,
-    PermanentError,
     Record,
     check_stop,
+    checked_params,
     require_model,
     string_field,
 )
 from minions.agents.macos.runners.torch_setup import TorchSettings
+from minions.kinds import PARAMS
 from minions.logging import get_logger
 
 log = get_logger(__name__)
-POOLINGS = ("mean", "cls")
+_PARAMS = PARAMS["embedding"]
 
 
 @dataclass(frozen=True)
 class EmbeddingParams:
-    normalize: bool = True
-    pooling: str = "mean"
-    max_length: int = 256
+    normalize: bool = _PARAMS["normalize"].default
+    pooling: str = _PARAMS["pooling"].default
+    max_length: int = _PARAMS["max_length"].default
     batch_size: int | None = None  # None: the size chosen for this device at model load
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> EmbeddingParams:
-        p = cls(
-            normalize=params.get("normalize", cls.normalize),
-            pooling=params.get("pooling", cls.pooling),
-            max_length=params.get("max_length", cls.max_length),
-            batch_size=params.get("batch_size", cls.batch_size),
-        )
-        if not isinstance(p.normalize, bool):
-            raise PermanentError("params.normalize must be true or false")
-        if p.pooling not in POOLINGS:
-            raise PermanentError(f"params.pooling must be one of {', '.join(POOLINGS)}")
-        for name in ("max_length", "batch_size"):
-            value = getattr(p, name)
-            if name == "batch_size" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PermanentError(f"params.{name} must be an integer >= 1")
-        return p
+        return cls(**checked_params("embedding", params))
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from minions.db.queries import Queries
+from minions.kinds import DEFAULT_SUBTASK_SIZE
 from minions.logging import get_logger
 from minions.names import is_name
 from minions.services.api.appkeys import CLUSTER, POOL, STORE
@@ -22,7 +23,6 @@ from minions.services.api.openai.objects import batch_object, team_scope, visibl
 from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
 from minions.services.api.openai.validate import InputCheck
 from minions.services.api.responses import json_response
-from minions.services.api.validation import DEFAULT_SUBTASK_SIZE
 
 Q = Queries("openai")
 log = get_logger(__name__)

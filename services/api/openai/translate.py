@@ -16,9 +16,11 @@ from typing import Any, Final
 
 import orjson
 
+from minions.kinds import PARAMS
+
 ENDPOINT_KIND: Final = {"/v1/embeddings": "embedding", "/v1/chat/completions": "completion",
                         "/v1/completions": "completion"}
-DEFAULT_MAX_TOKENS: Final = 256  # the completion runners' own default (agents/macos/runners/completion.py)
+DEFAULT_MAX_TOKENS: Final = PARAMS["completion"]["max_tokens"].default  # the completion runners' own
 MAX_ERRORS: Final = 100  # validation errors kept per batch; the count says how many more there were
 ROLE_MAP: Final = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                    "tool": "tool"}

@@ -9,13 +9,14 @@ from typing import Any
 from aiohttp import web
 
 from minions.db.queries import Queries
+from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import NAME
-from minions.records import KINDS
 from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import NUL_RULE, json_object, nul_path, path_uuid, query_float, without_nul
+from minions.services.api.bodies import json_object, path_uuid, query_float
 from minions.services.api.errors import ApiError, forbidden, invalid, not_found
+from minions.services.api.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api.responses import json_response
 from minions.store.base import StoreError
 

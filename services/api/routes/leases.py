@@ -14,8 +14,9 @@ from minions.logging import get_logger
 from minions.redaction import redact
 from minions.services.api.appkeys import POOL, STORE
 from minions.services.api.auth import require
-from minions.services.api.bodies import json_object, without_nul
+from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
+from minions.services.api.nul import without_nul
 from minions.services.api.output_check import OutputMismatch
 from minions.services.api.verified_output import VerifiedOutput, copy_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError

@@ -14,7 +14,7 @@ from minions.services.api.appkeys import POOL
 from minions.services.api.auth import require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import invalid
-from minions.services.api.routes.tasks import CURSOR, _task_row
+from minions.services.api.routes.tasks import CURSOR, task_row
 
 Q = Queries("web")
 routes = web.RouteTableDef()
@@ -48,7 +48,7 @@ async def task_subtasks(request: web.Request) -> web.Response:
     """`?after=<subtask_id>&limit=<n>`: a page of subtasks in input order; `next` is the cursor of
     the following page, or null on the last one."""
     principal = require(request, "user")
-    task = await _task_row(request, principal)
+    task = await task_row(request, principal)
     raw_after = request.query.get("after") or None
     after = -1
     if raw_after is not None:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
+from minions.kinds import TASK_STATUSES
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
@@ -35,7 +36,6 @@ Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-STATUSES = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 RESULT_PAGE = 200
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -44,7 +44,7 @@ class DigestMismatch(Exception):
     """An upload's body is not the bytes its `sha256` names."""
 
 
-async def _task_row(request: web.Request, principal: Principal) -> Any:
+async def task_row(request: web.Request, principal: Principal) -> Any:
     team, project, name = (request.match_info[k] for k in ("team", "project", "name"))
     if not (is_name(team) and is_name(project) and is_name(name)) or not principal.can_see_team(team):
         raise not_found(f"task {team}/{project}/{name}")  # other teams' tasks do not exist for you
@@ -154,8 +154,8 @@ async def list_tasks(request: web.Request) -> web.Response:
     for key, value in (("team", team), ("project", project)):
         if value is not None and not NAME.match(value):
             errors[key] = "not a valid name"
-    if status is not None and status not in STATUSES:
-        errors["status"] = f"must be one of {', '.join(STATUSES)}"
+    if status is not None and status not in TASK_STATUSES:
+        errors["status"] = f"must be one of {', '.join(TASK_STATUSES)}"
     cursor_raw = request.query.get("cursor") or None
     cursor = None
     if cursor_raw is not None:
@@ -175,13 +175,13 @@ async def list_tasks(request: web.Request) -> web.Response:
 @routes.get("/api/v1/tasks/{team}/{project}/{name}")
 async def show_task(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    return json_response(task_object(await _task_row(request, principal), request.app[STORE]))
+    return json_response(task_object(await task_row(request, principal), request.app[STORE]))
 
 
 @routes.post("/api/v1/tasks/{team}/{project}/{name}/cancel")
 async def cancel_task(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    row = await _task_row(request, principal)
+    row = await task_row(request, principal)
     pool = request.app[POOL]
     if not await pool.fetchval(Q.cancel_task, row["id"]):
         if row["status"] != "cancelled":
@@ -196,7 +196,7 @@ async def delete_task(request: web.Request) -> web.Response:
     """A finished task goes, with its subtasks; its input and results are garbage from then on (the
     collector deletes them after the grace period, and the team's input quota gets the room back)."""
     principal = require(request, "user")
-    row = await _task_row(request, principal)
+    row = await task_row(request, principal)
     verdict = await request.app[POOL].fetchval(Q.delete_task, row["id"])
     if verdict == "not_finished":
         raise conflict("not_finished", f"task is {row['status']}; cancel it first")
@@ -209,7 +209,7 @@ async def delete_task(request: web.Request) -> web.Response:
 @routes.get("/api/v1/tasks/{team}/{project}/{name}/results")
 async def task_results(request: web.Request) -> web.StreamResponse:
     principal = require(request, "user")
-    row = await _task_row(request, principal)
+    row = await task_row(request, principal)
     if (request.query.get("format") or "jsonl") != "jsonl":  # ?format=npy: vectors as one array
         from minions.services.api.routes import results_npy  # late: it reads this module's results
         return await results_npy.respond(request, row)

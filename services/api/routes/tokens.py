@@ -15,7 +15,7 @@ from minions.services.api.auth import require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import conflict, invalid, not_found
 from minions.services.api.responses import iso, json_response
-from minions.tokens import ROLES, hash_token, new_token, token_prefix
+from minions.tokens import TOKEN_ROLES, hash_token, new_token, token_prefix
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -47,8 +47,8 @@ def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None]
     if unknown := sorted(set(body) - {"role", "team", "label", "expires_in_s"}):
         errors.update({key: "unknown field" for key in unknown})
     role = body.get("role")
-    if role not in ROLES:
-        errors["role"] = f"required: one of {', '.join(ROLES)}"
+    if role not in TOKEN_ROLES:
+        errors["role"] = f"required: one of {', '.join(TOKEN_ROLES)}"
     team = body.get("team")
     if team is not None and (not isinstance(team, str) or not NAME.match(team)):
         errors["team"] = "not a valid name"

@@ -72,5 +72,21 @@ export async function api(path, { method = "GET", body, headers = {}, signal, ra
   return resp.json();
 }
 
+/**
+ * What the server knows (GET /api/v1/meta): the kinds with their params and default subtask sizes,
+ * and the task statuses (minions/kinds.py), so the UI restates none of them. Loaded once after
+ * sign-in, before the first view is drawn; views read it as it is.
+ */
+export let meta = null;
+let metaLoading = null;
+
+export function loadMeta() {
+  metaLoading ??= api("/api/v1/meta").then((m) => { meta = m; }).finally(() => { metaLoading = null; });
+  return metaLoading;
+}
+
+/** Whether a task has ended (it changes no more). */
+export const isFinished = (status) => meta.finished_task_statuses.includes(status);
+
 export const taskPath = (team, project, name) =>
   `/api/v1/tasks/${encodeURIComponent(team)}/${encodeURIComponent(project)}/${encodeURIComponent(name)}`;

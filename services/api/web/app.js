@@ -1,6 +1,6 @@
 // The shell: hash routing, sign-in, and the live poller every view uses (paused while hidden).
 
-import { api, ApiError, auth, UNAUTHORIZED_EVENT } from "./api.js";
+import { api, ApiError, auth, loadMeta, meta, UNAUTHORIZED_EVENT } from "./api.js";
 import { clear, h, toast } from "./dom.js";
 import { executorsView } from "./executors.js";
 import { submitView } from "./submit.js";
@@ -114,6 +114,11 @@ function route() {
   if (!auth.token) {
     poller.stop();
     renderSignIn();
+    return;
+  }
+  if (!meta) {
+    // A refused token signs out (api.js's event); any other failure is tried again.
+    loadMeta().then(route, (err) => { if (err.status !== 401) setTimeout(route, POLL_MS); });
     return;
   }
   topbar.hidden = false;

@@ -129,8 +129,6 @@ export function fmtBytes(n) {
 
 // ---- components -------------------------------------------------------------------------------
 
-export const FINISHED = new Set(["completed", "failed", "cancelled"]);
-
 export function pill(status, text = status) {
   return h("span.pill", { class: `pill-${status}`, dataset: { status } }, h("span.pill-dot"), text);
 }

@@ -1,31 +1,41 @@
 // #/submit: the task form. Records are pasted as JSONL or uploaded as a .jsonl file (stored with
 // POST /api/v1/inputs, then submitted by uri). The server's 422 `fields` land next to their fields.
 
-import { api, taskPath } from "./api.js";
+import { api, meta, taskPath } from "./api.js";
 import { clear, fmtBytes, fmtInt, h, toast } from "./dom.js";
 
-const KINDS = {
+// How the form presents each kind. Which kinds exist and their default subtask sizes come from the
+// server (GET /api/v1/meta); a kind this file does not know yet is offered by its name.
+const PRESENTATION = {
   embedding: {
     label: "Embedding", blurb: "Vectors for text, on the executor's GPU.",
-    model: "sentence-transformers/all-MiniLM-L6-v2", size: 500,
+    model: "sentence-transformers/all-MiniLM-L6-v2",
     params: '{"normalize": true, "max_length": 256}',
     example: '{"id": "a1", "text": "The quick brown fox"}\n{"id": "a2", "text": "jumps over the lazy dog"}',
     models: ["sentence-transformers/all-MiniLM-L6-v2", "BAAI/bge-small-en-v1.5", "intfloat/e5-base-v2"],
   },
   completion: {
     label: "Completion", blurb: "LLM completions through the executor's Ollama.",
-    model: "llama3.2:1b", size: 50,
+    model: "llama3.2:1b",
     params: '{"temperature": 0.2, "max_tokens": 256}',
     example: '{"id": "q1", "prompt": "Name three prime numbers."}\n{"id": "q2", "messages": [{"role": "user", "content": "Say hi"}]}',
     models: ["llama3.2:1b", "llama3.2:3b", "qwen2.5:7b"],
   },
   sleep: {
     label: "Sleep", blurb: "Synthetic load: each record sleeps ms. For drills and capacity tests.",
-    model: "sleep", size: 100, params: "{}",
+    model: "sleep", params: "{}",
     example: '{"id": "r1", "ms": 200}\n{"id": "r2", "ms": 200}',
     models: ["sleep"],
   },
 };
+
+/** Each kind the server knows, with its presentation and its default subtask size. */
+function kinds() {
+  return Object.fromEntries(Object.entries(meta.kinds).map(([kind, known]) => [kind, {
+    label: kind, blurb: "", model: "", params: "{}", example: "", models: [],
+    ...PRESENTATION[kind], size: known.default_subtask_size,
+  }]));
+}
 const LAST_SCOPE = "minions.lastScope";
 
 function defaultName(kind) {
@@ -36,7 +46,8 @@ function defaultName(kind) {
 
 export function submitView(ctx) {
   const remembered = JSON.parse(localStorage.getItem(LAST_SCOPE) || "{}");
-  let kind = KINDS[ctx.params.get("kind")] ? ctx.params.get("kind") : "embedding";
+  const byKind = kinds();
+  let kind = byKind[ctx.params.get("kind")] ? ctx.params.get("kind") : Object.keys(byKind)[0];
   let source = "paste";
   let file = null;
   let modelTouched = false;
@@ -73,7 +84,7 @@ export function submitView(ctx) {
   const fileName = h("div.drop-text");
 
   const kindCards = h("div.kind-cards", { role: "radiogroup", "aria-label": "Kind" },
-    Object.entries(KINDS).map(([value, k]) => h("label.kind-card", { dataset: { kind: value } },
+    Object.entries(byKind).map(([value, k]) => h("label.kind-card", { dataset: { kind: value } },
       h("input", { type: "radio", name: "kind", value, checked: value === kind, onchange: () => setKind(value) }),
       h("span.kind-card-title", h("span.kind", { class: `kind-${value}` }, value)),
       h("span.kind-card-blurb", k.blurb))));
@@ -83,7 +94,7 @@ export function submitView(ctx) {
     h("button", { type: "button", role: "tab", dataset: { source: "upload" }, onclick: () => setSource("upload") }, "Upload .jsonl file"));
   const pastePane = h("div.pane", records,
     h("div.pane-foot", recordsCount,
-      h("button.link", { type: "button", onclick: () => { records.value = KINDS[kind].example; updateCount(); records.focus(); } }, "Insert example")));
+      h("button.link", { type: "button", onclick: () => { records.value = byKind[kind].example; updateCount(); records.focus(); } }, "Insert example")));
   const drop = h("label.dropzone", { for: "records-file" },
     h("div.drop-icon", { "aria-hidden": "true" }, "⇪"), fileName,
     h("div.drop-hint", "JSON lines, one record per line. Large files are stored by the server, then split."));
@@ -126,9 +137,9 @@ export function submitView(ctx) {
 
   // ---- behaviour ----
   function setKind(value) {
-    const previous = KINDS[kind];
+    const previous = byKind[kind];
     kind = value;
-    const k = KINDS[kind];
+    const k = byKind[kind];
     if (!modelTouched || model.value === previous.model || !model.value) {
       model.value = k.model;
       modelTouched = false;

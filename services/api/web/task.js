@@ -1,9 +1,9 @@
 // #/tasks/{team}/{project}/{name}: one task, live: progress, subtask map, attempts, executors,
 // a results preview and the download.
 
-import { api, ApiError, taskPath } from "./api.js";
+import { api, ApiError, isFinished, taskPath } from "./api.js";
 import {
-  clear, emptyState, FINISHED, fmtAgo, fmtBytes, fmtClock, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, kv, pill,
+  clear, emptyState, fmtAgo, fmtBytes, fmtClock, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, kv, pill,
   progressBar, secondsBetween, secondsSince, stat, taskElapsed, taskRate, toast,
 } from "./dom.js";
 
@@ -91,7 +91,7 @@ export function taskView(ctx, team, project, name) {
       }
       throw err;
     }
-    const finished = FINISHED.has(task.status);
+    const finished = isFinished(task.status);
     if (!finished || !subtasksFetchedFinished) {
       await loadSubtasks(signal);
       subtasksFetchedFinished = finished;
@@ -130,7 +130,7 @@ export function taskView(ctx, team, project, name) {
 
   // ---- header ----
   function renderHead() {
-    const finished = FINISHED.has(task.status);
+    const finished = isFinished(task.status);
     clear(headHost,
       h("div.task-title",
         h("div.title-row", h("h1", task.name), pill(task.status)),
@@ -181,9 +181,9 @@ export function taskView(ctx, team, project, name) {
       progressBar(s, s.total, { size: "lg", label: "subtasks progress" }),
       h("div.stats.stats-inline",
         stat("Rate", rate ? `${fmtRate(rate)}` : "—", task.status === "running" ? "records / s, live" : "records / s, average"),
-        stat(FINISHED.has(task.status) ? "Duration" : "Elapsed", fmtDuration(elapsed),
+        stat(isFinished(task.status) ? "Duration" : "Elapsed", fmtDuration(elapsed),
           task.started_at ? `started ${fmtClock(task.started_at)}` : "not started yet"),
-        FINISHED.has(task.status)
+        isFinished(task.status)
           ? stat("Finished", fmtClock(task.finished_at), fmtAgo(task.finished_at))
           : stat("ETA", eta !== null ? fmtDuration(eta) : "—", eta !== null ? `${fmtInt(remaining)} records left` : "measuring…"),
         stat("Subtasks", `${fmtInt(s.done)} / ${fmtInt(s.total)}`, s.failed ? `${fmtInt(s.failed)} failed` : `${fmtInt(s.leased)} running, ${fmtInt(s.pending)} pending`),
@@ -318,7 +318,7 @@ export function taskView(ctx, team, project, name) {
 
   // ---- results ----
   function renderResults() {
-    const finished = FINISHED.has(task.status);
+    const finished = isFinished(task.status);
     const note = el.querySelector(".results-note");
     note.textContent = finished
       ? `${fmtInt(task.records.total)} lines, one per input record, in input order.`
@@ -351,7 +351,7 @@ export function taskView(ctx, team, project, name) {
     if (previewBusy) return;
     previewBusy = true;
     const doneAt = task.records.done;
-    const finished = FINISHED.has(task.status);
+    const finished = isFinished(task.status);
     if (!resultsBody.querySelector(".preview")) clear(resultsBody, h("p.muted.empty-inline", "Loading preview…"));
     try {
       const resp = await api(`${path}/results${finished ? "" : "?partial=true"}`, { raw: true, headers: { Accept: "application/x-ndjson" } });
@@ -374,7 +374,7 @@ export function taskView(ctx, team, project, name) {
   }
 
   async function download(button) {
-    const finished = FINISHED.has(task.status);
+    const finished = isFinished(task.status);
     const label = button.textContent;
     button.disabled = true;
     button.textContent = "Preparing…";

@@ -1,15 +1,13 @@
 // #/tasks: every task with live progress, filtered by status, team and project.
 
-import { api } from "./api.js";
+import { api, isFinished, meta } from "./api.js";
 import {
   clear, emptyState, fmtAgo, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, pill, progressBar, stat,
   taskElapsed, taskHref, taskRate,
 } from "./dom.js";
 
-const STATUS_FILTERS = [
-  ["", "All"], ["running", "Running"], ["queued", "Queued"], ["submitted", "Submitted"],
-  ["completed", "Completed"], ["failed", "Failed"], ["cancelled", "Cancelled"],
-];
+/** "All", then each status the server knows. */
+const statusFilters = () => [["", "All"], ...meta.task_statuses.map((s) => [s, s[0].toUpperCase() + s.slice(1)])];
 const PAGE = 50;
 
 export function tasksView(ctx) {
@@ -28,7 +26,7 @@ export function tasksView(ctx) {
   const errorEl = h("div.banner.banner-error", { hidden: true });
 
   const segmented = h("div.segmented", { role: "tablist", "aria-label": "Filter by status" },
-    STATUS_FILTERS.map(([value, label]) => h("button", {
+    statusFilters().map(([value, label]) => h("button", {
       type: "button", role: "tab", dataset: { status: value }, "aria-selected": String(filters.status === value),
       onclick: () => setFilter("status", value),
     }, label)));
@@ -99,7 +97,7 @@ export function tasksView(ctx) {
     const count = (s) => tasks.filter((t) => t.status === s).length;
     const running = tasks.filter((t) => t.status === "running");
     const throughput = running.reduce((sum, t) => sum + (taskRate(t) || 0), 0);
-    const active = tasks.filter((t) => ["submitted", "splitting", "queued", "running"].includes(t.status)).length;
+    const active = tasks.filter((t) => !isFinished(t.status)).length;
     const online = executors ? executors.filter((e) => e.status === "busy" || e.status === "idle").length : null;
     const busy = executors ? executors.filter((e) => e.status === "busy").length : null;
     clear(statsEl,

@@ -1,0 +1,39 @@
+"""A client command (one that talks to the API) as a `handler` like every other command's: its
+coroutine runs on a fresh event loop, and what goes wrong is one line for the user, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+
+from minions.sdk import MinionsError
+
+
+def client_command(
+    handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(handler(args))
+        except BrokenPipeError:
+            # The reader went away (`minions results ... | head`): what it wanted it got. No message, and
+            # stdout points at /dev/null so the interpreter's final flush cannot complain either.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+        except MinionsError as exc:
+            print(f"minions: {exc}", file=sys.stderr)
+            return 1
+        except (aiohttp.ClientError, OSError) as exc:
+            print(f"minions: cannot reach the API: {exc}", file=sys.stderr)
+            return 1
+
+    return run
