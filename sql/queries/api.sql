@@ -37,6 +37,7 @@ SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $
 
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
@@ -44,6 +45,7 @@ WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
@@ -52,6 +54,7 @@ WHERE t.id = $1;
 -- name: list_tasks
 -- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c

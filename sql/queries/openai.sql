@@ -65,7 +65,8 @@ WHERE b.completed_at IS NULL AND b.failed_at IS NULL AND b.expired_at IS NULL AN
 ORDER BY b.seq LIMIT 100;
 
 -- name: task_row
-SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled
+SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live  -- 180: the row's counter plus the progress slots
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
