@@ -57,6 +57,9 @@ class Settings:
                                                                    "help": "largest output PUT to a local-store URL"})
     team_input_quota_bytes: int = field(default=20 * 1024**3, metadata={
         "env": "MINIONS_TEAM_INPUT_QUOTA_BYTES", "help": "input bytes a team may store (0: no quota)"})
+    inline_split_max_bytes: int = field(default=1024**2, metadata={
+        "env": "MINIONS_INLINE_SPLIT_MAX_BYTES",
+        "help": "inline records up to this size are split at submission, no splitter hop (0: never)"})
     gc_grace_s: float = field(default=3600.0, metadata={"env": "MINIONS_GC_GRACE_S",
                                                         "help": "age before unreferenced objects are garbage"})
     gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",

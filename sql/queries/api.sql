@@ -25,12 +25,15 @@ SELECT minion_revoke_token($1);
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 
--- name: insert_task
-INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                   input_uri, request_hash, created_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-ON CONFLICT (team, project, name) DO NOTHING
-RETURNING id;
+-- name: submit_task
+-- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
+-- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL.
+SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased,
+       0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
+       0::bigint AS records_done_live,
+       minion_task_servable(t.team, t.kind, t.model) AS servable
+FROM minion_submit_task($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+                        $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[]) t;
 
 -- name: task_request_hash
 SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $3;
