@@ -11,6 +11,9 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
   pgq-batch10   PgQueuer 1.6 (`pip install -e .[bench]`): `--clients` QueueManagers, one
                 connection each, drain no-op jobs with batch_size=10.
   pgq-batch1    the same, batch_size=1 (unbatched).
+  latency       submit -> first lease, direct SQL: minion_submit_task of a one-record task split
+                in its transaction, an idle executor woken by the 'subtasks' NOTIFY claims it;
+                beside PgQueuer's enqueue -> entrypoint start (`--latency` samples each).
   http-*        not in this script yet: they need the batched protocol (k2-protocol) and services;
                 printed as skipped with the reason.
 
@@ -151,6 +154,86 @@ async def pgq_arm(url: str, jobs: int, clients: int, batch: int) -> float:
     return jobs / elapsed
 
 
+# --- submit -> first lease --------------------------------------------------------------------
+
+
+def _p50_p99(samples: list[float]) -> tuple[float, float]:
+    s = sorted(samples)
+    return statistics.median(s) * 1000, s[min(len(s) - 1, int(0.99 * len(s)))] * 1000
+
+
+async def sql_submit_latency(url: str, n: int) -> list[float]:
+    """Direct SQL: minion_submit_task of a one-record task split in its own transaction, until an
+    idle executor (woken by the 'subtasks' NOTIFY, as the API's claim waiters are) holds its lease."""
+    conn = await connect(url)
+    _, token_id = await make_token(conn, "executor")
+    executor = await make_executor(conn, token_id, name="latency")
+    claimer = await connect(url)
+    woken: asyncio.Queue[float] = asyncio.Queue()
+    await claimer.add_listener("subtasks", lambda *_: woken.put_nowait(time.perf_counter()))
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        await conn.fetchrow("SELECT id FROM minion_submit_task('search', 'p', $1, 'sleep', 'sleep', '{}', 0, 1, "
+                            "NULL, 'file:///x.jsonl', 'h', NULL, '{0}', '{10}', '{0}', '{1}')", f"lat-{i}")
+        await woken.get()
+        lease = await claimer.fetchrow("SELECT lease_token FROM minion_claim($1, 60)", executor)
+        samples.append(time.perf_counter() - start)
+        assert lease is not None
+        await claimer.fetchval("SELECT minion_complete($1, 1, 0.0)", lease["lease_token"])
+    await claimer.close()
+    await conn.close()
+    return samples
+
+
+async def pgq_start_latency(url: str, n: int) -> list[float]:
+    """PgQueuer: enqueue one job until its entrypoint starts, a QueueManager idle on LISTEN."""
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.queries import Queries
+
+    setup = await asyncpg.connect(url)
+    queries = Queries(AsyncpgDriver(setup))
+    await queries.install()
+    worker_conn = await asyncpg.connect(url)
+    qm = QueueManager(Queries(AsyncpgDriver(worker_conn)))
+    started: asyncio.Queue[float] = asyncio.Queue()
+
+    @qm.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        started.put_nowait(time.perf_counter())
+
+    runner = asyncio.create_task(qm.run(batch_size=1))
+    await asyncio.sleep(1.0)
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await queries.enqueue("noop", None)
+        samples.append(await started.get() - start)
+    qm.shutdown.set()
+    await runner
+    await worker_conn.close()
+    await setup.close()
+    return samples
+
+
+async def latency_all(server: EmbeddedPostgres, n: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for arm, measure in (("submit-sql", sql_submit_latency), ("pgq-enqueue", pgq_start_latency)):
+        if arm.startswith("pgq"):
+            try:
+                import pgqueuer  # noqa: F401
+            except ImportError:
+                continue
+        name, url = await scratch(server)
+        try:
+            out[arm] = await measure(url, n)
+        finally:
+            await admin(server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return out
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 
@@ -211,6 +294,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], default=list(ALL_ARMS),
                    help="comma-separated, of: " + ", ".join(ALL_ARMS))
+    p.add_argument("--latency", type=int, default=200,
+                   help="submit -> first lease samples (direct SQL) beside PgQueuer's enqueue -> start (0: skip)")
     p.add_argument("--fsync-off", action="store_true", help="fsync=off for every arm (default: on)")
     args = p.parse_args(argv)
     unknown = set(args.arms) - set(ALL_ARMS)
@@ -231,6 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         rates = asyncio.run(run_all(server, args))
         print()
         print(table(rates))
+        if args.latency:
+            lat = asyncio.run(latency_all(server, args.latency))
+            print()
+            print("| latency | p50 ms | p99 ms | p50 ratio |\n|---|---:|---:|---|")
+            ref = _p50_p99(lat["pgq-enqueue"])[0] if "pgq-enqueue" in lat else None
+            for arm, samples in lat.items():
+                p50, p99 = _p50_p99(samples)
+                ratio = f"{p50 / ref:.2f}x pgq-enqueue" if ref and arm != "pgq-enqueue" else ""
+                print(f"| {arm} | {p50:.2f} | {p99:.2f} | {ratio} |")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
