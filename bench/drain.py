@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench.claim import admin  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -54,15 +55,6 @@ from minions.testing.factories import make_executor, make_task, make_token  # no
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
 ALL_ARMS = ("sql-baseline", "sql-new", "pgq-batch10", "pgq-batch1", "http-unbatched", "http-batch10")
-
-
-async def admin(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        for s in statements:
-            await conn.execute(s)
-    finally:
-        await conn.close()
 
 
 async def prepare_template(server: EmbeddedPostgres) -> None:

@@ -4,6 +4,7 @@ side by side, and the task still ends exactly once, when its last subtask closes
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 
@@ -42,11 +43,14 @@ async def test_racing_last_completes_end_the_task_once_with_every_count(database
     await conn.close()
 
 
-async def test_a_sequential_last_complete_ends_the_task_itself(database_url: str) -> None:
+async def _one_executor(database_url: str, subtasks: int) -> tuple[asyncpg.Connection, uuid.UUID, int]:
     conn = await connect(database_url)
     _, token_id = await make_token(conn, "executor")
-    ex = await make_executor(conn, token_id)
-    task_id = await make_task(conn, subtasks=3)
+    return conn, await make_executor(conn, token_id), await make_task(conn, subtasks=subtasks)
+
+
+async def test_a_sequential_last_complete_ends_the_task_itself(database_url: str) -> None:
+    conn, ex, task_id = await _one_executor(database_url, 3)
     for _ in range(3):
         lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
         assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"
@@ -56,10 +60,7 @@ async def test_a_sequential_last_complete_ends_the_task_itself(database_url: str
 
 
 async def test_a_task_with_work_left_is_never_settled_by_the_sweep(database_url: str) -> None:
-    conn = await connect(database_url)
-    _, token_id = await make_token(conn, "executor")
-    ex = await make_executor(conn, token_id)
-    task_id = await make_task(conn, subtasks=2)
+    conn, ex, task_id = await _one_executor(database_url, 2)
     lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
     await conn.fetchval("SELECT minion_complete($1, $2, 0.1)", lease["lease_token"], lease["records"])
     await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)  # leased, running long
