@@ -72,6 +72,9 @@ class Settings:
                                  {WATCHDOG})
     gc_interval_s: float = _setting(600.0, "MINIONS_GC_INTERVAL_S", "watchdog's garbage-collection period (0: off)",
                                     {WATCHDOG})
+    inline_split_max_bytes: int = _setting(1024**2, "MINIONS_INLINE_SPLIT_MAX_BYTES",
+                                           "inline records up to this size are split at submission, "
+                                           "no splitter hop (0: never)", {API})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",

@@ -92,7 +92,9 @@ async def test_404s_are_json(api: ApiHarness, database_url: str) -> None:
 
 async def test_submission_is_idempotent_and_conflicts_on_a_different_body(api: ApiHarness) -> None:
     first = await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
-    assert first.status == 201 and first.body["status"] == "submitted"
+    # Small inline records are split at submission: claimable at once, no splitter hop.
+    assert first.status == 201 and first.body["status"] == "queued"
+    assert first.body["subtasks"]["pending"] == first.body["subtasks"]["total"] > 0
     again = await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
     assert again.status == 200 and again.body["created_at"] == first.body["created_at"]
     different = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "priority": 3})

@@ -246,7 +246,7 @@ RECOUNT = """SELECT count(*) AS total, count(*) FILTER (WHERE state = 'pending')
                FROM subtasks WHERE task_id = $1"""
 COUNTS = """SELECT t.subtasks_total AS total, c.subtasks_pending AS pending, c.subtasks_leased AS leased,
                    c.subtasks_done AS done, c.subtasks_failed AS failed, c.subtasks_cancelled AS cancelled,
-                   t.records_done
+                   c.records_done
               FROM tasks t CROSS JOIN LATERAL minion_task_counts(t.id) c WHERE t.id = $1"""
 
 

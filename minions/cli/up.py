@@ -95,8 +95,10 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         env = _service_env(settings, database_url, store, api_url)
 
         # The API serves the socket bound above (restarts included): see instance.bind_listener.
-        await supervisor.start("api", "minions.services.api", [], {**env, "MINIONS_LISTEN_FD": str(listen_fd)},
-                               pass_fds=(listen_fd,))
+        # One API worker per core (services/api/prefork.py), unless MINIONS_API_WORKERS says otherwise.
+        workers = os.environ.get("MINIONS_API_WORKERS") or str(os.cpu_count() or 1)
+        await supervisor.start("api", "minions.services.api", ["--workers", workers],
+                               {**env, "MINIONS_LISTEN_FD": str(listen_fd)}, pass_fds=(listen_fd,))
         await supervisor.start("splitter", "minions.services.splitter", [], env)
         await supervisor.start("watchdog", "minions.services.watchdog", [], env)
         await _wait_healthy(api_url, supervisor)

@@ -33,7 +33,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
         "records": {
             # Known for sure once the split is done; until then, what has been split so far.
             "total": row["split_records"],
-            "done": row["records_done"],
+            "done": row["records_done_live"],  # the task row's counter plus its progress slots
         },
         "input_uri": row["input_uri"],
         "created_at": iso(row["created_at"]),

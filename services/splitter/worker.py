@@ -108,6 +108,17 @@ class Worker:
                 await asyncio.wait_for(self.wake.wait(), timeout=self.sweep_interval_s)
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
+        await self._split_sweep(conn)
+        await self._settle_sweep(conn)
+
+    async def _settle_sweep(self, conn: asyncpg.Connection) -> None:
+        """Ends the tasks whose last closes ran side by side and could not tell which was last
+        (sql/180_task_progress_slots.sql): each in its own statement, waiting for those closes."""
+        for row in await conn.fetch(Q.settle_candidates, SWEEP_LIMIT):
+            if await conn.fetchval(Q.settle_waiting, row["id"]):
+                self.log.info("task_settled", task_id=row["id"])
+
+    async def _split_sweep(self, conn: asyncpg.Connection) -> None:
         while True:
             task_ids = [row["id"] for row in await conn.fetch(Q.unsplit_tasks, SWEEP_LIMIT)]
             progressed = False

@@ -25,18 +25,22 @@ SELECT minion_revoke_token($1);
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 
--- name: insert_task
-INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                   input_uri, request_hash, created_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-ON CONFLICT (team, project, name) DO NOTHING
-RETURNING id;
+-- name: submit_task
+-- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
+-- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL.
+SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased,
+       0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
+       0::bigint AS records_done_live,
+       minion_task_servable(t.team, t.kind, t.model) AS servable
+FROM minion_submit_task($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+                        $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[]) t;
 
 -- name: task_request_hash
 SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $3;
 
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
@@ -44,6 +48,7 @@ WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
@@ -52,6 +57,7 @@ WHERE t.id = $1;
 -- name: list_tasks
 -- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c

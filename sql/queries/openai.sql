@@ -34,14 +34,14 @@ SELECT minion_openai_reject_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: batch_by_id
 SELECT b.*, b.team::text AS team, t.status AS task_status, t.finished_at AS task_finished_at,
-       t.records_done AS task_records_done
+       t.records_done + (minion_task_slot_sums(t.id)).records_done AS task_records_done  -- 180: plus the slots
 FROM openai_batches b LEFT JOIN tasks t ON t.id = b.task_id
 WHERE b.id = $1;
 
 -- name: list_batches
 -- $1 team scope (NULL: every team), $2 after (a batch id; NULL: from the newest), $3 limit.
 SELECT b.*, b.team::text AS team, t.status AS task_status, t.finished_at AS task_finished_at,
-       t.records_done AS task_records_done
+       t.records_done + (minion_task_slot_sums(t.id)).records_done AS task_records_done  -- 180: plus the slots
 FROM openai_batches b LEFT JOIN tasks t ON t.id = b.task_id
 WHERE ($1::text IS NULL OR b.team = $1)
   AND ($2::text IS NULL OR b.seq < (SELECT seq FROM openai_batches WHERE id = $2))
@@ -65,7 +65,8 @@ WHERE b.completed_at IS NULL AND b.failed_at IS NULL AND b.expired_at IS NULL AN
 ORDER BY b.seq LIMIT 100;
 
 -- name: task_row
-SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled
+SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.records_done AS records_done_live  -- 180: the row's counter plus the progress slots
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;

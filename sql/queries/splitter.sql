@@ -40,3 +40,11 @@ SELECT minion_finish_split($1);
 
 -- name: fail_split
 SELECT minion_fail_split($1, $2);
+
+-- name: settle_candidates
+-- Tasks that may have ended with closes that could not decide it (sql/180_task_progress_slots.sql):
+-- woken by their NOTIFY on 'tasks', and swept anyway.
+SELECT minion_settle_candidates($1) AS id;
+
+-- name: settle_waiting
+SELECT minion_settle_waiting($1);

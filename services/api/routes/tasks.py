@@ -8,6 +8,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import astuple
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.inline_records import SpooledRecords
+from minions.services.api.inline_split import SplitRanges, cut_small
 from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.submission_body import THREAD_ABOVE, read_submission
@@ -83,12 +85,14 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
         return await _resubmitted(request, task, existing)
 
     input_uri = await _store_input(request, principal, task)
-    task_id = await pool.fetchval(
-        Q.insert_task, task.team, task.project, task.name, task.kind, task.model, task.params,
-        task.priority, task.subtask_size, request.app[CLUSTER].max_attempts, input_uri,
-        task.request_hash, principal.token_id,
+    ranges = await _small_split(request, task)
+    # One function call: the task, and the subtasks of a small one (sql/181_submit_task.sql).
+    row = await pool.fetchrow(
+        Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
+        task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id,
+        *(astuple(ranges) if ranges is not None else (None, None, None, None)),
     )
-    if task_id is None:  # lost a race for the name: answered like a re-submission
+    if row is None:  # lost a race for the name: answered like a re-submission
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
         if task.records is not None and existing["request_hash"] != task.request_hash:
             # Only a different body's input is ours alone to remove: an identical body wrote the very
@@ -96,8 +100,17 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
             await store.delete(input_uri)
         return await _resubmitted(request, task, existing)
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
-             model=task.model)
-    return json_response(task_object(await pool.fetchrow(Q.task_by_id, task_id), store), 201)
+             model=task.model, split_at_submit=ranges is not None)
+    return json_response(task_object(row, store), 201)
+
+
+async def _small_split(request: web.Request, task: TaskRequest) -> SplitRanges | None:
+    """The subtasks of small inline records, cut here (services/api/inline_split.py); None leaves
+    the split to the splitter."""
+    limit = request.app[SETTINGS].inline_split_max_bytes
+    if task.records is None or task.records.size > limit:
+        return None
+    return await asyncio.to_thread(cut_small, task.records, task.kind, task.subtask_size, limit)
 
 
 async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -> web.Response:

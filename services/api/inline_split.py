@@ -1,0 +1,35 @@
+"""Small inline tasks are split at submission (sql/181_submit_task.sql): the splitter's own cutter
+over the spooled records, so the subtasks commit with the task and are claimable at once, without
+the splitter's hop. Big inputs, and inputs given by URI, stay the splitter's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minions.services.api.inline_records import SpooledRecords
+from minions.services.splitter.cutter import Cutter, InputError
+
+
+@dataclass(frozen=True)
+class SplitRanges:
+    """The arguments minion_submit_task takes for the subtasks: one list per column."""
+
+    byte_starts: list[int]
+    byte_ends: list[int]
+    first_records: list[int]
+    records: list[int]
+
+
+def cut_small(records: SpooledRecords, kind: str, subtask_size: int, max_bytes: int) -> SplitRanges | None:
+    """The subtasks of inline records no bigger than `max_bytes`, or None (the splitter's job).
+    Blocking (reads the spool): call it in a thread."""
+    if records.size > max_bytes:
+        return None
+    cutter = Cutter(kind, subtask_size)
+    try:
+        subtasks = [s for chunk in records.chunks() for s in cutter.feed(chunk)]
+        subtasks += cutter.finish()
+    except InputError:
+        return None  # the splitter fails the task with its usual error
+    return SplitRanges([s.byte_start for s in subtasks], [s.byte_end for s in subtasks],
+                       [s.first_record for s in subtasks], [s.records for s in subtasks])
