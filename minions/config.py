@@ -74,6 +74,13 @@ class Settings:
     max_connections_per_ip: int = field(default=256, metadata={"env": "MINIONS_MAX_CONNECTIONS_PER_IP",
                                                                "help": "open connections one address may hold "
                                                                        "(more: 429)"})
+    # The batched executor protocol (docs/API.md, "Executor protocol").
+    max_claim: int = field(default=32, metadata={"env": "MINIONS_MAX_CLAIM",
+                                                 "help": "most subtasks one claim may ask for (max)"})
+    inline_input_bytes: int = field(default=64 * 1024, metadata={
+        "env": "MINIONS_INLINE_INPUT_BYTES", "help": "inputs up to this ride inline in a claim's answer (0: never)"})
+    inline_output_bytes: int = field(default=1024 * 1024, metadata={
+        "env": "MINIONS_INLINE_OUTPUT_BYTES", "help": "largest output a complete may carry inline (0: never)"})
 
     def validate(self) -> Settings:
         problems = []
@@ -86,7 +93,10 @@ class Settings:
         for name in ("max_input_bytes", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
-        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
+        if self.max_claim < 1:
+            problems.append("MINIONS_MAX_CLAIM must be >= 1")
+        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
+                     "inline_output_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.max_attempts < 1:

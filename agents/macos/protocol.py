@@ -1,13 +1,16 @@
-"""The executor protocol's messages (API.md, "Executor protocol"), parsed into typed values."""
+"""The executor protocol's answers as the agent uses them, decoded through the protocol's one
+definition of its messages (minions/protocol.py; API.md, "Executor protocol")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from minions import protocol
+from minions.protocol import ProtocolError
 
-class ProtocolError(ValueError):
-    """The server answered with a body that does not have the documented shape."""
+__all__ = ["Claim", "InputRef", "ProtocolError", "Registration", "Subtask", "parse_claim", "parse_claims",
+           "parse_registration"]
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,8 @@ class Registration:
     heartbeat_interval_s: float
     lease_timeout_s: float
     long_poll_s: float
+    max_claim: int = 1  # servers before the batched protocol: one subtask per claim
+    inline_output_bytes: int = 0  # ... and no inline outputs
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class InputRef:
     start: int
     end: int  # exclusive: the range is [start, end)
     records: int
+    data: bytes | None = None  # the range itself, when the server sent it inline
 
 
 @dataclass(frozen=True)
@@ -53,40 +59,40 @@ class Claim:
 
 def parse_registration(body: Any) -> Registration:
     try:
-        return Registration(
-            executor_id=str(body["executor_id"]),
-            heartbeat_interval_s=float(body["heartbeat_interval_s"]),
-            lease_timeout_s=float(body["lease_timeout_s"]),
-            long_poll_s=float(body["long_poll_s"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad registration answer: {exc!r}") from exc
+        reg = protocol.convert(body, protocol.Registered)
+    except ProtocolError as exc:
+        raise ProtocolError(f"bad registration answer: {exc}") from exc
+    return Registration(executor_id=reg.executor_id, heartbeat_interval_s=reg.heartbeat_interval_s,
+                        lease_timeout_s=reg.lease_timeout_s, long_poll_s=reg.long_poll_s,
+                        max_claim=reg.max_claim, inline_output_bytes=reg.inline_output_bytes)
 
 
 def parse_claim(body: Any) -> Claim:
+    """The answer to a claim without `max` (one Lease)."""
     try:
-        lease, sub = body["lease"], body["subtask"]
-        start, end = sub["input"]["range"]
-        params = sub.get("params") or {}
-        if not isinstance(params, dict):
-            raise TypeError("params must be an object")
-        subtask = Subtask(
-            team=str(sub["team"]),
-            project=str(sub["project"]),
-            task_name=str(sub["task_name"]),
-            subtask_id=int(sub["subtask_id"]),
-            attempt=int(sub["attempt"]),
-            kind=str(sub["kind"]),
-            model=None if sub.get("model") is None else str(sub["model"]),
-            params=params,
-            input=InputRef(
-                url=str(sub["input"]["url"]),
-                start=int(start),
-                end=int(end),
-                records=int(sub["input"]["records"]),
-            ),
-            output_url=str(sub["output"]["url"]),
-        )
-        return Claim(token=str(lease["token"]), expires_at=str(lease.get("expires_at", "")), subtask=subtask)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad claim answer: {exc!r}") from exc
+        return _claim(protocol.convert(body, protocol.Lease))
+    except ProtocolError as exc:
+        raise ProtocolError(f"bad claim answer: {exc}") from exc
+
+
+def parse_claims(body: Any) -> list[Claim]:
+    """The answer to a claim with `max` (a LeaseBatch)."""
+    try:
+        return [_claim(lease) for lease in protocol.convert(body, protocol.LeaseBatch).leases]
+    except ProtocolError as exc:
+        raise ProtocolError(f"bad claim answer: {exc}") from exc
+
+
+def _claim(lease: protocol.Lease) -> Claim:
+    sub = lease.subtask
+    data = None if sub.input.data is None else sub.input.data.encode()
+    if data is not None and len(data) != sub.input.end - sub.input.start:
+        raise ProtocolError(f"inline input of {len(data)} bytes for a range of {sub.input.end - sub.input.start}")
+    subtask = Subtask(
+        team=sub.team, project=sub.project, task_name=sub.task_name, subtask_id=sub.subtask_id,
+        attempt=sub.attempt, kind=sub.kind, model=sub.model, params=sub.params,
+        input=InputRef(url=sub.input.url, start=sub.input.start, end=sub.input.end, records=sub.input.records,
+                       data=data),
+        output_url=sub.output.url,
+    )
+    return Claim(token=lease.lease.token, expires_at=lease.lease.expires_at, subtask=subtask)

@@ -10,6 +10,7 @@ from aiohttp import web
 from minions.config import Settings
 from minions.services.api.auth import TokenCache
 from minions.services.api.claim_waiters import ClaimWaiters
+from minions.services.api.lease_facts import LeaseFacts
 from minions.store.base import ObjectStore
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -17,6 +18,7 @@ POOL = web.AppKey("pool", asyncpg.Pool)
 STORE = web.AppKey("store", ObjectStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
 TOKENS = web.AppKey("tokens", TokenCache)
+LEASES = web.AppKey("leases", LeaseFacts)  # what each lease handed out here is (lease_facts.py)
 # Whether the local store may take a PUT of this key now: only the output key of a live lease
 # (set from the database in app.py; a server without it takes no PUT at all).
 OUTPUT_WRITABLE = web.AppKey[Callable[[str], Awaitable[bool]]]("output_writable")

@@ -22,7 +22,8 @@ from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, Guarded
 SETTINGS = ("database_url", "store", "s3_endpoint_url", "host", "port", "public_url", "heartbeat_interval_s",
             "lease_timeout_s", "max_attempts", "long_poll_s", "straggler_factor", "listen_probe_s",
             "max_input_bytes", "max_output_bytes", "team_input_quota_bytes", "header_timeout_s",
-            "body_timeout_s", "body_min_rate", "max_connections_per_ip")
+            "body_timeout_s", "body_min_rate", "max_connections_per_ip", "max_claim", "inline_input_bytes",
+            "inline_output_bytes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
