@@ -29,12 +29,12 @@ RETURNS TABLE (verdict text, capabilities text[], owner bigint, lease_token uuid
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    won uuid[] := '{}';  -- the leases won, in claim order
+    backup_tok uuid;
+    busy bigint;
     ex executors%ROWTYPE;
     pref record;
     tok uuid;
-    won uuid[] := '{}';
-    backup_tok uuid;
-    busy bigint;
 BEGIN
     SELECT * INTO ex FROM executors e WHERE e.id = p_executor;
     verdict := minion_executor_refusal(ex, p_token_id);
@@ -45,17 +45,17 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- Each claim tries the preferences in order, then the executor's whole queue (its token's team,
+    -- or every team): the last filter, after every position.
     WHILE cardinality(won) < greatest(p_max, 1) LOOP
         tok := NULL;
-        FOR pref IN SELECT p.team, p.project, p.task_name FROM executor_preferences p
-                     WHERE p.executor_id = p_executor AND (ex.team IS NULL OR p.team = ex.team)
-                     ORDER BY p.position LOOP
+        FOR pref IN (SELECT p.position, p.team, p.project, p.task_name FROM executor_preferences p
+                      WHERE p.executor_id = p_executor AND (ex.team IS NULL OR p.team = ex.team)
+                     UNION ALL SELECT 2147483647, ex.team, NULL, NULL)
+                     ORDER BY 1 LOOP
             tok := minion_claim_in(p_executor, ex.capabilities, pref.team, pref.project, pref.task_name);
             EXIT WHEN tok IS NOT NULL;
         END LOOP;
-        IF tok IS NULL THEN
-            tok := minion_claim_in(p_executor, ex.capabilities, ex.team, NULL, NULL);
-        END IF;
         EXIT WHEN tok IS NULL;
         won := won || tok;
     END LOOP;

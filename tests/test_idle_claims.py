@@ -4,7 +4,9 @@ polling queries. Checked in the server's own statement log, so nothing the API d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -17,11 +19,9 @@ from tests.support.api import running_api
 STATEMENT = re.compile(r"LOG:\s+(statement|execute [^:]*):")
 
 
-def _statements(log: Path) -> list[str]:
-    return [line for line in log.read_text(errors="replace").splitlines() if STATEMENT.search(line)]
-
-
-async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _logging_postgres(tmp_path: Path) -> AsyncIterator[EmbeddedPostgres]:
+    """A migrated PostgreSQL of its own that logs every statement."""
     pg = EmbeddedPostgres(tmp_path / "pg", fast=True)
     await asyncio.to_thread(pg.start)
     try:
@@ -30,6 +30,17 @@ async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) 
         await conn.execute("ALTER SYSTEM SET log_statement = 'all'")
         await conn.execute("SELECT pg_reload_conf()")
         await conn.close()
+        yield pg
+    finally:
+        await asyncio.to_thread(pg.stop, "immediate")
+
+
+def _statements(log: Path) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines() if STATEMENT.search(line)]
+
+
+async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) -> None:
+    async with _logging_postgres(tmp_path) as pg:
         async with running_api(pg.url, tmp_path / "store") as api:
             executors = [await api.register(f"idle-{i}") for i in range(5)]
             claims = [asyncio.create_task(api.call("POST", f"/api/v1/executors/{e}/claim?wait=20",
@@ -47,21 +58,12 @@ async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) 
             await conn.close()
             replies = await asyncio.wait_for(asyncio.gather(*claims), 5)
             assert sorted(r.status for r in replies) == [200] * 5
-    finally:
-        await asyncio.to_thread(pg.stop, "immediate")
 
 
 async def test_an_idle_long_poll_cycle_costs_one_statement(tmp_path: Path) -> None:
     """Issue 11: one statement per long-poll cycle (the fused claim), none while waiting, and no
     second claim when the wait times out (the answer is 204 from the wait)."""
-    pg = EmbeddedPostgres(tmp_path / "pg", fast=True)
-    await asyncio.to_thread(pg.start)
-    try:
-        await migrate(pg.url)
-        conn = await asyncpg.connect(pg.url)
-        await conn.execute("ALTER SYSTEM SET log_statement = 'all'")
-        await conn.execute("SELECT pg_reload_conf()")
-        await conn.close()
+    async with _logging_postgres(tmp_path) as pg:
         async with running_api(pg.url, tmp_path / "store") as api:
             executors = [await api.register(f"poller-{i}") for i in range(4)]
             # The token is looked up (and cached) by a first request.
@@ -82,5 +84,3 @@ async def test_an_idle_long_poll_cycle_costs_one_statement(tmp_path: Path) -> No
         claims = [line for line in during if "pg_advisory_unlock_all" not in line and "RESET ALL" not in line]
         assert len(claims) == 12, f"{len(claims)} statements for 12 cycles: {claims[:6]}"
         assert all("minion_claim_batch" in line for line in claims), claims[:6]
-    finally:
-        await asyncio.to_thread(pg.stop, "immediate")

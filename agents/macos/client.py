@@ -180,7 +180,7 @@ class ExecutorClient:
         if size <= 0:
             return b""
         if ref.data is not None:  # sent inline with the claim
-            return ref.data
+            return ref.data.encode()
         headers = {"Range": f"bytes={ref.start}-{ref.end - 1}"}
         attempt = 0
         while True:

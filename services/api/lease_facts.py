@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 # Enough for every lease a busy cluster holds at once; the oldest are forgotten first.
-CAPACITY = 200_000
+CAPACITY = 50_000
 
 FACTS = ("owner", "output_key", "task_id", "subtask_id", "attempt", "kind", "input_uri", "byte_start",
          "byte_end", "records")
