@@ -69,6 +69,12 @@ BEGIN
         RETURN;
     END IF;
 
+    -- One transaction stamps every lease with the same now(): a microsecond apart instead, so that
+    -- the attempts' history (started_at) shows the order they were claimed in (preferences first).
+    IF cardinality(won) > 1 THEN
+        UPDATE subtasks s SET leased_at = s.leased_at + (array_position(won, s.lease_token) - 1) * interval '1 microsecond'
+         WHERE s.lease_token = ANY (won);
+    END IF;
     -- In task order, so two claimers never wait on each other's task rows in opposite orders.
     FOR busy IN SELECT DISTINCT s.task_id FROM subtasks s WHERE s.lease_token = ANY (won) ORDER BY 1 LOOP
         UPDATE tasks SET status = 'running', started_at = coalesce(started_at, now())
