@@ -155,6 +155,9 @@ async def test_a_batched_complete_answers_each_lease_one_lost_among_good_ones(
         # A retried batch answers the committed ones as before (200) and changes nothing.
         again = await api.call("POST", "/api/v1/leases/complete", token="executor", json={"leases": items[:2]})
         assert [r["status"] for r in again.body["results"]] == [200, 200]
+        # Nothing left to commit at all: still one answer per lease.
+        none = await api.call("POST", "/api/v1/leases/complete", token="executor", json={"leases": items[4:]})
+        assert none.status == 200 and [r["status"] for r in none.body["results"]] == [409]
         conn = await asyncpg.connect(database_url)
         try:
             states = dict(await conn.fetch("SELECT subtask_id, state FROM subtasks WHERE task_id = $1", task_id))

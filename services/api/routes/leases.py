@@ -166,9 +166,10 @@ async def complete_batch(request: web.Request) -> web.Response:
 
     prepared = await _each(batch.leases, prepare)
     ready = _in_lock_order([p for p in prepared if isinstance(p, _Completing)])
+    copies = [_copy(d) for d in ready]
     rows = await request.app[POOL].fetch(
         Q.complete_batch, [d.lease.token for d in ready], [d.records for d in ready], [d.seconds for d in ready],
-        *map(list, zip(*(_copy(d) for d in ready), strict=True)) if ready else ([], [], []))
+        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies])
     verdicts = {id(d): row["verdict"] for d, row in zip(ready, rows, strict=True)}
 
     async def finish(item: _Completing | ApiError) -> None:
