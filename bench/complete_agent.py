@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from minions.agents.macos.protocol import InputRef, Subtask
+from minions.agents.macos.protocol import InputRef, OutputRef, Subtask
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import (
     DEFAULT_BATCH_SIZE,
@@ -145,8 +145,8 @@ def main() -> None:
             kind="completion",
             model=str(folder),
             params={"temperature": 0, "max_tokens": args.max_tokens},
-            input=InputRef("", 0, 0, len(records)),
-            output_url="",
+            input=InputRef(url="", range=[0, 0], records=len(records)),
+            output=OutputRef(url=""),
         )
         loop = asyncio.new_event_loop()
 

@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from minions.agents.macos.protocol import InputRef, Subtask
+from minions.agents.macos.protocol import InputRef, OutputRef, Subtask
 from minions.agents.macos.runners import model_paths
 from minions.agents.macos.runners.embedding import EmbeddingRunner
 from minions.agents.macos.runners.precision import PRECISION_SETTINGS
@@ -93,8 +93,8 @@ def agent_subtask(model: str, n: int, batch_size: int | None) -> Subtask:
         kind="embedding",
         model=model,
         params={} if batch_size is None else {"batch_size": batch_size},
-        input=InputRef("", 0, 0, n),
-        output_url="",
+        input=InputRef(url="", range=[0, 0], records=n),
+        output=OutputRef(url=""),
     )
 
 

@@ -85,6 +85,12 @@ class Settings:
     body_min_rate: float = _setting(1024.0, "MINIONS_BODY_MIN_RATE", "slowest request body accepted, bytes/s", {API})
     max_connections_per_ip: int = _setting(256, "MINIONS_MAX_CONNECTIONS_PER_IP",
                                            "open connections one address may hold (more: 429)", {API})
+    # The batched executor protocol (docs/API.md, "Executor protocol").
+    max_claim: int = _setting(32, "MINIONS_MAX_CLAIM", "most subtasks one claim may ask for (max)", {API})
+    inline_input_bytes: int = _setting(64 * 1024, "MINIONS_INLINE_INPUT_BYTES",
+                                       "inputs up to this ride inline in a claim's answer (0: never)", {API})
+    inline_output_bytes: int = _setting(1024 * 1024, "MINIONS_INLINE_OUTPUT_BYTES",
+                                        "largest output a complete may carry inline (0: never)", {API})
 
     def validate(self) -> Settings:
         problems = []
@@ -97,7 +103,10 @@ class Settings:
         for name in ("max_input_bytes", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
-        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
+        if self.max_claim < 1:
+            problems.append("MINIONS_MAX_CLAIM must be >= 1")
+        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
+                     "inline_output_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.max_attempts is not None and self.max_attempts < 1:

@@ -3,15 +3,23 @@
 register → (wait for the owner policy → long-poll claim → download range → run → upload → complete)
 forever, with heartbeats on their own task. Work is handed back (release) when the owner needs the
 machine or the agent stops, and dropped without a word when a heartbeat says its lease is gone.
+
+Pipelined (issue 11): each lease runs as its own job (input download, then the runner, one job at a
+time, then output upload and complete), so the next subtasks are claimed, and their inputs fetched,
+while one computes, and its upload and complete go on in the background while the next computes.
+The leases held at once are bounded (`max_leases`; by default what the agent finishes in one
+heartbeat interval, at least 2): a Mac that vanishes strands at most that many until the lease
+timeout. Small inputs and outputs ride inline in the claim and the complete (API.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +52,12 @@ EXIT_CONFIG = 78
 MAX_ERROR_CHARS = 4000
 
 
+# Fewest leases a pipelined agent holds at once: one computing, one ready to start.
+MIN_PIPELINE = 2
+# Weight of the latest subtask in the running mean of subtask durations (the default bound).
+DURATION_WEIGHT = 0.2
+
+
 @dataclass
 class _Job:
     claim: Claim
@@ -70,6 +84,7 @@ class Agent:
         policy_poll_s: float = 1.0,
         idle_poll_s: float = 5.0,
         hand_back_timeout_s: float = 5.0,
+        max_leases: int | None = None,
     ) -> None:
         self._config = config
         self._client = client
@@ -83,6 +98,14 @@ class Agent:
         self._hand_back_timeout_s = hand_back_timeout_s
         self._registration: Registration | None = None
         self._jobs: dict[str, _Job] = {}
+        self._max_leases = max_leases  # None: what finishes in one heartbeat interval
+        self._mean_s: float | None = None  # running mean of a subtask's wall time, claim to commit
+        self._compute = asyncio.Semaphore(1)  # one runner at a time: the device is the bottleneck
+        self._room = asyncio.Event()  # set when a job ends: the work loop may claim again
+        self._awake: contextlib.AbstractAsyncContextManager[None] | None = None
+        self._claiming: asyncio.Task[list[Claim]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._fatal: asyncio.Future[None] | None = None  # a job's AuthError ends the agent
         self.completed = 0  # subtasks committed by this process, for logs and tests
 
     @property
@@ -111,8 +134,9 @@ class Agent:
                            precision), flush=True)
         work = asyncio.create_task(self._work_loop(), name="work")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        self._fatal = asyncio.get_running_loop().create_future()
         try:
-            done, _ = await asyncio.wait({work, heartbeat}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({work, heartbeat, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # a fatal error (a refused token) ends the agent
         finally:
@@ -154,48 +178,111 @@ class Agent:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    async def _work_loop(self) -> None:
-        while True:
-            await self._policy.wait_until_available(self._idle_poll_s)
-            registration = self.registration
-            try:
-                claim = await self._client.claim(registration.executor_id, registration.long_poll_s)
-            except (NotFound, Conflict) as exc:
-                # The server forgot this executor (reset) or marked it offline: register again.
-                log.warning("executor_unknown", error=str(exc))
-                await asyncio.sleep(1)
-                await self.register()
-                continue
-            except (Rejected, ProtocolError) as exc:
-                log.error("claim_failed", error=str(exc))
-                await asyncio.sleep(5)
-                continue
-            if claim is not None:
-                await self._serve(claim)
+    def lease_bound(self) -> int:
+        """Most leases held at once: `max_leases`, else what finishes in one heartbeat interval (at
+        least MIN_PIPELINE), never more than one claim may take."""
+        if self._max_leases is not None:
+            return max(1, self._max_leases)
+        registration = self.registration
+        if self._mean_s is None or self._mean_s <= 0:
+            return MIN_PIPELINE
+        per_beat = int(registration.heartbeat_interval_s / self._mean_s)
+        return max(MIN_PIPELINE, min(per_beat, max(registration.max_claim, MIN_PIPELINE)))
 
-    async def _serve(self, claim: Claim) -> None:
-        label = claim.subtask.label
-        job = _Job(claim, asyncio.create_task(self._execute(claim), name=f"subtask {label}"))
-        self._jobs[claim.token] = job
-        watcher = asyncio.create_task(self._watch_owner(job), name="owner-watch")
+    async def _work_loop(self) -> None:
         try:
-            async with self._keep_awake():
-                await asyncio.wait({job.task})
+            while True:
+                await self._policy.wait_until_available(self._idle_poll_s)
+                room = self.lease_bound() - len(self._jobs)
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                # A task of its own: the owner's return cancels a long poll begun before it.
+                self._claiming = asyncio.create_task(self._claim(room), name="claim")
+                try:
+                    claims = await self._claiming
+                except asyncio.CancelledError:
+                    if (current := asyncio.current_task()) is not None and current.cancelling():
+                        raise
+                    continue
+                finally:
+                    self._claiming = None
+                for claim in claims:
+                    await self._start(claim)
         except asyncio.CancelledError:
-            job.abort("shutdown")
-            await asyncio.wait({job.task})
-            await self._hand_back(claim, "shutdown")
+            await self._stop_jobs("shutdown")
             raise
+
+    async def _claim(self, room: int) -> list[Claim]:
+        registration = self.registration
+        try:
+            if registration.max_claim > 1 and room > 1:
+                return await self._client.claim_batch(registration.executor_id, registration.long_poll_s,
+                                                      min(room, registration.max_claim))
+            claim = await self._client.claim(registration.executor_id, registration.long_poll_s)
+            return [] if claim is None else [claim]
+        except (NotFound, Conflict) as exc:
+            # The server forgot this executor (reset) or marked it offline: register again.
+            log.warning("executor_unknown", error=str(exc))
+            await asyncio.sleep(1)
+            await self.register()
+        except (Rejected, ProtocolError) as exc:
+            log.error("claim_failed", error=str(exc))
+            await asyncio.sleep(5)
+        return []
+
+    async def _start(self, claim: Claim) -> None:
+        """A job for the lease, watched until it ends (the machine kept awake while any runs)."""
+        if not self._jobs:
+            self._awake = self._keep_awake()
+            await self._awake.__aenter__()
+        job = _Job(claim, asyncio.create_task(self._execute(claim), name=f"subtask {claim.subtask.label}"))
+        self._jobs[claim.token] = job
+        self._background(self._supervise(job), f"supervise {claim.subtask.label}")
+        if len(self._jobs) == 1:
+            self._background(self._watch_owner(), "owner-watch")
+
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+
+    async def _supervise(self, job: _Job) -> None:
+        started = time.monotonic()
+        await asyncio.wait({job.task})
+        try:
+            await self._settle(job)
+        except AuthError as exc:
+            if self._fatal is not None and not self._fatal.done():
+                self._fatal.set_exception(exc)
         finally:
-            watcher.cancel()
-            self._jobs.pop(claim.token, None)
-        await self._settle(job)
+            if not job.task.cancelled() and job.task.exception() is None:
+                took = time.monotonic() - started
+                self._mean_s = took if self._mean_s is None else (
+                    (1 - DURATION_WEIGHT) * self._mean_s + DURATION_WEIGHT * took)
+            self._jobs.pop(job.claim.token, None)
+            self._room.set()
+            if not self._jobs and self._awake is not None:
+                awake, self._awake = self._awake, None
+                await awake.__aexit__(None, None, None)
+
+    async def _stop_jobs(self, reason: str) -> None:
+        """Abort every job and wait until each has been handed back (or dropped)."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.abort(reason)
+        deadline = time.monotonic() + self._hand_back_timeout_s + 1
+        while self._jobs and time.monotonic() < deadline:
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), max(0.0, deadline - time.monotonic()))
 
     async def _settle(self, job: _Job) -> None:
         label = job.claim.subtask.label
         if job.task.cancelled():
-            if job.abort_reason == "owner":
-                await self._hand_back(job.claim, "owner")
+            if job.abort_reason in ("owner", "shutdown"):
+                await self._hand_back(job.claim, job.abort_reason)
             else:
                 log.info("subtask_dropped", subtask=label, reason=job.abort_reason)
             return
@@ -225,8 +312,13 @@ class Agent:
             if runner is None:
                 raise PermanentError(f"this executor does not serve kind {sub.kind!r}")
             records = parse_records(await self._client.download(sub.input), sub.input.records)
-            outputs = await runner.run(sub, records)
-            await self._client.upload(sub.output_url, encode_outputs(records, outputs))
+            async with self._compute:
+                outputs = await runner.run(sub, records)
+            output = encode_outputs(records, outputs)
+            if len(output) <= self.registration.inline_output_bytes:
+                await self._complete(claim, len(records), time.monotonic() - started, output)
+                return
+            await self._client.upload(sub.output_url, output)
         except AuthError:
             raise
         except (RunnerError, RecordsError) as exc:
@@ -239,9 +331,9 @@ class Agent:
         else:
             await self._complete(claim, len(records), time.monotonic() - started)
 
-    async def _complete(self, claim: Claim, records: int, seconds: float) -> None:
+    async def _complete(self, claim: Claim, records: int, seconds: float, output: bytes | None = None) -> None:
         try:
-            await self._client.complete(claim.token, records, seconds)
+            await self._client.complete(claim.token, records, seconds, output)
         except Conflict as exc:
             # 409 lease_lost: the subtask was reclaimed meanwhile; our output is ignored (fencing).
             log.warning("complete_refused", subtask=claim.subtask.label, error=str(exc))
@@ -265,13 +357,19 @@ class Agent:
 
     # -- watchers -----------------------------------------------------------------------------
 
-    async def _watch_owner(self, job: _Job) -> None:
-        while True:
+    async def _watch_owner(self) -> None:
+        """While any job runs: when the owner needs the machine, every held lease is handed back."""
+        while self._jobs:
             await asyncio.sleep(self._policy_poll_s)
+            if not self._jobs:
+                return
             verdict = await self._policy.check()
             if not verdict.available:
-                log.info("owner_needs_machine", subtask=job.claim.subtask.label, reason=verdict.reason)
-                job.abort("owner")
+                if self._claiming is not None:
+                    self._claiming.cancel()
+                for job in list(self._jobs.values()):
+                    log.info("owner_needs_machine", subtask=job.claim.subtask.label, reason=verdict.reason)
+                    job.abort("owner")
                 return
 
     async def _heartbeat_loop(self) -> None:
@@ -352,7 +450,8 @@ async def serve(config: AgentConfig) -> int:
         models = await discover_models(config, runners)
         await prepare_models(runners)
         async with ExecutorClient(config.api_url, config.token) as client:
-            agent = Agent(config, client, runners, OwnerPolicy(config.policy), machine, models)
+            agent = Agent(config, client, runners, OwnerPolicy(config.policy), machine, models,
+                          max_leases=config.max_leases)
             await agent.run()
         return EXIT_OK
     except asyncio.CancelledError:

@@ -16,8 +16,15 @@ from typing import Any
 import aiohttp
 import yarl
 
-from minions import jsoncodec
-from minions.agents.macos.protocol import Claim, InputRef, Registration, parse_claim, parse_registration
+from minions import jsoncodec, protocol
+from minions.agents.macos.protocol import (
+    Claim,
+    InputRef,
+    Registration,
+    parse_claim,
+    parse_claims,
+    parse_registration,
+)
 from minions.backoff import Backoff
 from minions.logging import get_logger
 from minions.retry_after import retry_after_s
@@ -109,20 +116,58 @@ class ExecutorClient:
         )
         return None if status == 204 else parse_claim(body)
 
+    async def claim_batch(self, executor_id: str, wait_s: float, most: int) -> list[Claim]:
+        """Up to `most` leases (as many as are pending once there is one), or [] when nothing came
+        within `wait_s`. A server before the batched protocol ignores `max` and answers one Lease."""
+        timeout = aiohttp.ClientTimeout(total=wait_s + _CLAIM_GRACE_S, sock_connect=10)
+        status, body = await self._api(
+            "POST",
+            f"/executors/{executor_id}/claim",
+            None,
+            params={"wait": f"{wait_s:g}", "max": str(most)},
+            client_timeout=timeout,
+        )
+        if status == 204:
+            return []
+        return parse_claims(body) if isinstance(body, dict) and "leases" in body else [parse_claim(body)]
+
     async def heartbeat(self, executor_id: str, tokens: list[str]) -> dict[str, str]:
         """The state of each held lease: ok, lost or cancelled."""
-        _, body = await self._api("POST", f"/executors/{executor_id}/heartbeat", {"leases": tokens})
+        _, body = await self._api("POST", f"/executors/{executor_id}/heartbeat",
+                                  protocol.to_builtins(protocol.Heartbeat(leases=tokens)))
         states = body.get("leases", {}) if isinstance(body, dict) else {}
         return {token: str(states.get(token, "lost")) for token in tokens}
 
-    async def complete(self, token: str, records: int, seconds: float) -> None:
-        await self._api("POST", f"/leases/{token}/complete", {"records": records, "seconds": round(seconds, 3)})
+    async def complete(self, token: str, records: int, seconds: float, output: bytes | None = None) -> None:
+        """Commit a lease whose output was PUT, or carry the (small) output inline."""
+        message = protocol.Completion(records=records, seconds=round(seconds, 3),
+                                      output=None if output is None else output.decode())
+        await self._api("POST", f"/leases/{token}/complete", protocol.to_builtins(message))
 
     async def fail(self, token: str, error: str, retryable: bool) -> None:
-        await self._api("POST", f"/leases/{token}/fail", {"error": error, "retryable": retryable})
+        await self._api("POST", f"/leases/{token}/fail",
+                        protocol.to_builtins(protocol.Failure(error=error, retryable=retryable)))
 
     async def release(self, token: str) -> None:
         await self._api("POST", f"/leases/{token}/release", None)
+
+    # Many leases in one request: each lease's outcome by token (status 200: done; else the error
+    # its own request would have raised, as a Rejected to inspect, not raised).
+
+    async def complete_batch(self, completions: list[protocol.LeaseCompletion]) -> dict[str, Rejected | None]:
+        return await self._batch("/leases/complete", protocol.CompletionBatch(leases=completions))
+
+    async def fail_batch(self, failures: list[protocol.LeaseFailure]) -> dict[str, Rejected | None]:
+        return await self._batch("/leases/fail", protocol.FailureBatch(leases=failures))
+
+    async def release_batch(self, tokens: list[str]) -> dict[str, Rejected | None]:
+        return await self._batch("/leases/release", protocol.ReleaseBatch(leases=tokens))
+
+    async def _batch(self, path: str, message: protocol.Message) -> dict[str, Rejected | None]:
+        _, body = await self._api("POST", path, protocol.to_builtins(message))
+        reply = protocol.convert(body, protocol.BatchReply)
+        return {r.token: None if r.error is None else _rejection(r.status, r.error.code, r.error.message)
+                for r in reply.results}
 
     async def deregister(self, executor_id: str) -> None:
         await self._api("POST", f"/executors/{executor_id}/deregister", None)
@@ -134,6 +179,8 @@ class ExecutorClient:
         size = ref.end - ref.start
         if size <= 0:
             return b""
+        if ref.data is not None:  # sent inline with the claim
+            return ref.data.encode()
         headers = {"Range": f"bytes={ref.start}-{ref.end - 1}"}
         attempt = 0
         while True:
@@ -237,11 +284,15 @@ def _answer(status: int, raw: bytes, method: str, path: str) -> Any:
             "check MINIONS_TOKEN / --token: it must be an executor (or admin) token, e.g. from "
             "`minions token create --role executor`"
         )
+    raise _rejection(status, code, message)
+
+
+def _rejection(status: int, code: str, message: str) -> Rejected:
     if status == 409:
-        raise Conflict(status, code, message)
+        return Conflict(status, code, message)
     if status == 404:
-        raise NotFound(status, code, message)
-    raise Rejected(status, code, message)
+        return NotFound(status, code, message)
+    return Rejected(status, code, message)
 
 
 def _error_fields(raw: bytes) -> tuple[str, str]:

@@ -112,6 +112,9 @@ class AgentConfig:
     # Requests in flight per subtask: as many as Ollama has slots. OLLAMA_NUM_PARALLEL sets them
     # when the agent shares Ollama's environment (the usual case); 1 is Ollama's own default.
     ollama_parallel: int = 1
+    # Leases held at once (the pipeline: one computing, the next ones claimed and fetched); what a
+    # vanishing machine strands until the lease timeout. None: what it finishes in one heartbeat.
+    max_leases: int | None = None
 
     def validate(self) -> AgentConfig:
         problems = []
@@ -135,6 +138,8 @@ class AgentConfig:
             problems.append("min_cosine must be in (0, 1]")
         if self.generation_batch_size is not None and self.generation_batch_size < 1:
             problems.append("generation_batch_size must be >= 1")
+        if self.max_leases is not None and self.max_leases < 1:
+            problems.append("max_leases must be >= 1")
         if self.ollama_parallel < 1:
             problems.append("ollama_parallel must be >= 1")
         if self.policy.idle_minutes < 0:

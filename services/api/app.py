@@ -16,10 +16,11 @@ from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
-from minions.services.api.appkeys import CLUSTER, OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
+from minions.services.api.appkeys import CLUSTER, LEASES, OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
+from minions.services.api.lease_facts import LeaseFacts
 from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
@@ -32,7 +33,7 @@ from minions.store.factory import open_store
 Q = Queries("api")
 log = get_logger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # inline records; larger inputs go through POST /api/v1/inputs
-PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/", "/api/openapi.json")
+PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/", "/api/openapi.json", "/api/docs")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings) -> web.Application:
         errors_middleware, body_deadline(ClientLimits.from_settings(settings)), auth_middleware])
     app[SETTINGS] = settings
     app[TOKENS] = TokenCache()
+    app[LEASES] = LeaseFacts()
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)

@@ -36,7 +36,8 @@ class ChannelListener(Protocol):
 class Waiter:
     __slots__ = ("capabilities", "event")
 
-    def __init__(self, capabilities: frozenset[str]) -> None:
+    def __init__(self, capabilities: frozenset[str] | None) -> None:
+        # None: woken by any notification (what the executor serves is not known yet).
         self.capabilities = capabilities
         self.event = asyncio.Event()
 
@@ -78,7 +79,7 @@ class ClaimWaiters:
         self._lost()
 
     @contextlib.contextmanager
-    def registered(self, capabilities: frozenset[str]) -> Iterator[Waiter]:
+    def registered(self, capabilities: frozenset[str] | None = None) -> Iterator[Waiter]:
         waiter = Waiter(capabilities)
         self._waiters.add(waiter)
         try:
@@ -92,7 +93,7 @@ class ClaimWaiters:
 
     def _on_notify(self, payload: str) -> None:
         for waiter in self._waiters:
-            if payload in waiter.capabilities:
+            if waiter.capabilities is None or payload in waiter.capabilities:
                 waiter.event.set()
 
     def _listening(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minions import protocol
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES, Param
 from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
 from minions.services.api.validation import MAX_SUBTASK_SIZE
@@ -227,20 +228,6 @@ def _task_request(kind: str) -> Schema:
 
 
 def _request_schemas() -> dict[str, Schema]:
-    preference = {
-        "type": "object",
-        "required": ["team"],
-        "properties": {
-            "team": _name("Prefer this team's work..."),
-            "project": _nullable(_name("...of this project (required when task_name is given)...")),
-            "task_name": _nullable(_name("...or this one task.")),
-        },
-        "anyOf": [  # a task_name needs its project
-            {"not": {"required": ["task_name"]}},
-            {"properties": {"task_name": {"nullable": True, "enum": [None]}}},
-            {"required": ["project"], "properties": {"project": {"type": "string"}}},
-        ],
-    }
     return {
         "RecordId": _record_id(),
         **_records_schemas(),
@@ -256,24 +243,6 @@ def _request_schemas() -> dict[str, Schema]:
                 "sleep": "#/components/schemas/SleepTaskRequest",
             }},
         },
-        "ExecutorRegistration": {
-            "type": "object",
-            "required": ["name", "kinds"],
-            "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": NO_NUL,
-                         "description": "The machine's name; registering again with the same name and token "
-                                        "updates that executor."},
-                "hardware": {"type": "object", "description": "Free-form description of the machine. The Minions "
-                             "agent adds `precision`: [{model, device, precision, cosine, setting}], the "
-                             "precision it runs each loaded model in and its cosine to fp32."},
-                "kinds": {"type": "array", "minItems": 1, "maxItems": 256,
-                          "items": {"type": "string", "enum": list(KINDS)}},
-                "models": _nullable({"type": "array", "maxItems": 1024,
-                                     "items": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": NO_NUL}}),
-                "preferences": _nullable({"type": "array", "maxItems": 32, "items": preference,
-                                          "description": "Work to take first, in order."}),
-            },
-        },
         "TokenRequest": {
             "type": "object",
             "required": ["role"],
@@ -286,29 +255,6 @@ def _request_schemas() -> dict[str, Schema]:
                 "expires_in_s": _nullable({"type": "number", "exclusiveMinimum": True, "minimum": 0,
                                            "maximum": 10 * 365 * 86400,
                                            "description": "Seconds until it stops working (absent: never)."}),
-            },
-        },
-        "Heartbeat": {
-            "type": "object",
-            "properties": {"leases": {"type": "array", "maxItems": 1000, "items": {"type": "string"},
-                                      "description": "Tokens of the leases this executor holds."}},
-        },
-        "Completion": {
-            "type": "object",
-            "required": ["records"],
-            "properties": {
-                "records": {"type": "integer", "minimum": 0,
-                            "description": "Records in the output; must equal the subtask's count."},
-                "seconds": _nullable({"type": "number", "minimum": 0, "description": "Time the work took."}),
-            },
-        },
-        "Failure": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {
-                "error": {"type": "string", "minLength": 1, "pattern": NOT_BLANK, "description": "What went wrong."},
-                "retryable": {"type": "boolean", "default": True,
-                              "description": "Whether another attempt may succeed."},
             },
         },
     }
@@ -449,43 +395,6 @@ def _response_schemas() -> dict[str, Schema]:
         "Token": _token_schema(),
         "CreatedToken": _token_schema(secret=True),
         "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
-        "Registered": _object({
-            "executor_id": {"type": "string", "format": "uuid"},
-            "heartbeat_interval_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
-            "lease_timeout_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
-            "long_poll_s": {"type": "number", "minimum": 0},
-        }),
-        "Lease": _object({
-            "lease": _object({
-                "token": {"type": "string", "format": "uuid"},
-                "expires_at": _timestamp(),
-                "backup": {"type": "boolean", "description": "A backup copy of a straggler's subtask."},
-            }),
-            "subtask": _object({
-                "team": {"type": "string"},
-                "project": {"type": "string"},
-                "task_name": {"type": "string"},
-                "subtask_id": {"type": "integer", "minimum": 0},
-                "attempt": {"type": "integer", "minimum": 1},
-                "kind": {"type": "string", "enum": list(KINDS)},
-                "model": {"type": "string"},
-                "params": {"type": "object"},
-                "input": _object({
-                    "url": {"type": "string", "description": "Presigned GET; honours Range."},
-                    "range": {"type": "array", "items": {"type": "integer", "minimum": 0},
-                              "minItems": 2, "maxItems": 2, "description": "[start, end) in bytes."},
-                    "records": {"type": "integer", "minimum": 0},
-                }),
-                "output": _object({"url": {"type": "string", "description": "Presigned PUT of the whole output."}}),
-            }),
-        }),
-        "HeartbeatReply": _object({
-            "leases": {"type": "object",
-                       "additionalProperties": {"type": "string", "enum": ["ok", "lost", "cancelled"]}},
-        }),
-        "Deregistered": _object({"status": {"type": "string", "enum": ["offline"]},
-                                 "released": {"type": "integer", "minimum": 0}}),
-        "Ok": _object({"status": {"type": "string", "enum": ["ok"]}}),
         "Health": _object({"status": {"type": "string", "enum": ["ok"]},
                            "database": {"type": "string", "enum": ["ok"]}}),
         "Meta": _meta_schema(),
@@ -687,14 +596,21 @@ def _paths() -> dict[str, Schema]:
                 "summary": "Claim a subtask (long poll)",
                 "description": "Preferences first, then priority and submission order; only kinds and models "
                                "the executor advertised.",
-                "parameters": [_query_param("wait", {"type": "number", "minimum": 0, "maximum": 86400},
-                                            "Seconds to wait for work; cut to the server's long-poll limit.")],
+                "parameters": [
+                    _query_param("wait", {"type": "number", "minimum": 0, "maximum": 86400},
+                                 "Seconds to wait for work; cut to the server's long-poll limit."),
+                    _query_param("max", {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                                 "Up to this many subtasks at once (cut to `MINIONS_MAX_CLAIM`), answered as a "
+                                 "`LeaseBatch` with as many as are pending, never waiting once there is one. "
+                                 "Absent: one, answered as a `Lease`."),
+                ],
                 "responses": _responses(
-                    _ok(_ref("Lease"), "A lease on a subtask."),
+                    _ok({"oneOf": [_ref("Lease"), _ref("LeaseBatch")]},
+                        "A lease on a subtask (without `max`), or a batch of them (with it)."),
                     {"204": {"description": "Nothing to do within `wait` seconds."}},
                     _AUTHED, **executor_errors,
                     e409="The executor deregistered (`deregistered`).",
-                    e422="`wait` is not a number from 0 to 86400.",
+                    e422="`wait` is not a number from 0 to 86400, or `max` not a whole number from 1.",
                 ),
             },
         },
@@ -770,6 +686,7 @@ def _paths() -> dict[str, Schema]:
                 ),
             },
         },
+        **_batched_lease_paths(lease_errors),
         # Last: a fuzzed revoke of a seeded token then cannot starve the operations above.
         "/api/v1/tokens": {
             "get": {
@@ -811,6 +728,28 @@ def _paths() -> dict[str, Schema]:
     }
 
 
+def _batched_lease_paths(lease_errors: dict[str, str]) -> dict[str, Schema]:
+    """Complete, fail and release of many leases in one request: each lease answered on its own."""
+    outcomes = _ok(_ref("BatchReply"), "Each lease's outcome, in the order sent: the HTTP status and error its own "
+                                       "request would have had (200: done).")
+    errors = {"e403": lease_errors["e403"].replace("or the lease is held", "per lease: or a lease held"),
+              "e422": "The body is not the batch's shape, each fault named in `fields`."}
+    return {
+        f"/api/v1/leases/{step}": {"post": {
+            "operationId": f"{step}Leases",
+            "tags": ["executor protocol"],
+            "summary": summary,
+            "requestBody": _json_body(_ref(schema), "The leases, each as its own request would carry it."),
+            "responses": _responses(outcomes, _AUTHED, _BODY, **errors),
+        }}
+        for step, schema, summary in (
+            ("complete", "CompletionBatch", "Commit many subtasks (outputs written, or inline)"),
+            ("fail", "FailureBatch", "Report many failed attempts"),
+            ("release", "ReleaseBatch", "Hand many subtasks back without counting attempts"),
+        )
+    }
+
+
 def document(server_url: str | None = None) -> dict[str, Any]:
     """The OpenAPI 3.0.3 document of the API; `server_url` (e.g. "http://127.0.0.1:8080") becomes its
     server, otherwise paths are relative to wherever the document was fetched from."""
@@ -833,7 +772,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                 "bearerAuth": {"type": "http", "scheme": "bearer",
                                "description": "An API token (`minions token create`)."},
             },
-            "schemas": {**_request_schemas(), **_response_schemas()},
+            # The executor protocol's messages: generated from their one definition (minions/protocol.py).
+            "schemas": {**_request_schemas(), **_response_schemas(), **protocol.openapi_schemas()},
             "responses": {
                 "Unauthorized": {
                     **_error("No bearer token, or an unknown or revoked one (`unauthorized`)."),

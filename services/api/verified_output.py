@@ -47,8 +47,11 @@ def result_key(lease: Any, token: uuid.UUID) -> str:
             f"{secrets.token_hex(8)}.jsonl")
 
 
-async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID) -> VerifiedOutput:
+async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
+                        inline: bytes | None = None) -> VerifiedOutput:
     """Check the output of a live `lease` (a minion_lease_info row) and copy it to a new result key.
+    `inline`: the output as the complete carried it (else it is read from the lease's output key),
+    checked and stored exactly like an uploaded one.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     check = OutputCheck(lease["records"])
     key = result_key(lease, token)
@@ -73,7 +76,8 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID) -> Ver
                 else:
                     await asyncio.to_thread(check.add_input, piece)
 
-        async for chunk in store.read(store.uri_for(lease["output_key"])):
+        output = store.read(store.uri_for(lease["output_key"])) if inline is None else _pieces(inline)
+        async for chunk in output:
             await asyncio.to_thread(check.add_output, chunk)
             await feed_input()
             yield chunk
@@ -83,6 +87,11 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID) -> Ver
         # put_stream discards what it wrote when `checked` raises: a refused output leaves nothing.
         await store.put_stream(key, checked())
     return VerifiedOutput(key, check.sha256.digest(), check.size)
+
+
+async def _pieces(data: bytes, size: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
 
 
 async def read_verified(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:

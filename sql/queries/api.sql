@@ -84,13 +84,6 @@ SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHE
 -- name: register_executor
 SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
 
--- name: claim
-SELECT * FROM minion_claim($1, $2, $3);
-
--- name: heartbeat
--- $3: grace before a lease the executor does not name is taken for one it never got (lease timeout)
-SELECT * FROM minion_heartbeat($1, $2, $3);
-
 -- name: lease_info
 SELECT * FROM minion_lease_info($1);
 
@@ -147,3 +140,21 @@ SELECT minion_input_use($1, $2, $3, $4);
 
 -- name: delete_task
 SELECT minion_delete_task($1);
+
+-- name: claim_batch
+-- $1 executor, $2 the caller's API token id (NULL: an admin), $3 at most this many, $4 straggler factor
+SELECT * FROM minion_claim_batch($1, $2, $3, $4);
+
+-- name: heartbeat_as
+-- $1 executor, $2 the caller's API token id (NULL: an admin), $3 the lease tokens it names
+SELECT * FROM minion_heartbeat_as($1, $2, $3);
+
+-- name: complete_batch
+-- Parallel arrays: tokens, records, seconds, and each verified copy (result key, SHA-256, size)
+SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6);
+
+-- name: fail_batch
+SELECT * FROM minion_fail_batch($1, $2, $3);
+
+-- name: release_batch
+SELECT * FROM minion_release_batch($1);

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minions.agents.macos.protocol import InputRef, Subtask
+from minions.agents.macos.protocol import InputRef, OutputRef, Subtask
 
 
 def subtask(kind: str, model: str | None = None, params: dict[str, Any] | None = None, records: int = 1) -> Subtask:
@@ -17,6 +17,6 @@ def subtask(kind: str, model: str | None = None, params: dict[str, Any] | None =
         kind=kind,
         model=model,
         params=params or {},
-        input=InputRef(url="http://store.invalid/in", start=0, end=1, records=records),
-        output_url="http://store.invalid/out",
+        input=InputRef(url="http://store.invalid/in", range=[0, 1], records=records),
+        output=OutputRef(url="http://store.invalid/out"),
     )

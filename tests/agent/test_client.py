@@ -179,8 +179,8 @@ async def test_download_sends_range_and_keeps_the_url_encoded() -> None:
     app = web.Application()
     app.router.add_get("/bucket/in.jsonl", get)
     async with serving(app) as url, ExecutorClient(url, "tok", backoff=FAST) as client:
-        body = await client.download(InputRef(url + SIGNED, 30, 95, 2))
-        whole = await client.download(InputRef(url + "/bucket/in.jsonl?ignore_range=1", 30, 95, 2))
+        body = await client.download(InputRef(url=url + SIGNED, range=[30, 95], records=2))
+        whole = await client.download(InputRef(url=url + "/bucket/in.jsonl?ignore_range=1", range=[30, 95], records=2))
     assert body == OBJECT[30:95] == whole
     assert seen[0] == (SIGNED, "bytes=30-94", None)  # byte for byte, and no bearer token to the store
 
@@ -201,9 +201,9 @@ async def test_download_retries_5xx_and_refuses_4xx() -> None:
     app.router.add_get("/flaky", flaky)
     app.router.add_get("/expired", expired)
     async with serving(app) as url, ExecutorClient(url, "tok", backoff=FAST) as client:
-        assert await client.download(InputRef(url + "/flaky", 0, 10, 1)) == OBJECT[:10]
+        assert await client.download(InputRef(url=url + "/flaky", range=[0, 10], records=1)) == OBJECT[:10]
         with pytest.raises(StorageError, match="expired"):
-            await client.download(InputRef(url + "/expired", 0, 10, 1))
+            await client.download(InputRef(url=url + "/expired", range=[0, 10], records=1))
     assert hits["flaky"] == 3
 
 

@@ -8,17 +8,19 @@ from typing import Any
 
 from aiohttp import web
 
+from minions import protocol
 from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import NAME
-from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.appkeys import CLUSTER, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import json_object, path_uuid, query_float
+from minions.services.api.bodies import json_object, path_uuid, query_float, query_int
 from minions.services.api.errors import ApiError, forbidden, invalid, not_found
+from minions.services.api.messages import decode_body
 from minions.services.api.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api.responses import json_response
-from minions.store.base import StoreError
+from minions.store.base import ObjectStore, StoreError
 
 Q = Queries("api")
 log = get_logger(__name__)
@@ -94,12 +96,10 @@ async def register(request: web.Request) -> web.Response:
         Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs
     )
     log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
-    return json_response({
-        "executor_id": str(executor_id),
-        "heartbeat_interval_s": settings.heartbeat_interval_s,
-        "lease_timeout_s": request.app[CLUSTER].lease_timeout_s,
-        "long_poll_s": settings.long_poll_s,
-    }, 201)
+    return json_response(protocol.to_builtins(protocol.Registered(
+        executor_id=str(executor_id), heartbeat_interval_s=settings.heartbeat_interval_s,
+        lease_timeout_s=request.app[CLUSTER].lease_timeout_s, long_poll_s=settings.long_poll_s,
+        max_claim=settings.max_claim, inline_output_bytes=settings.inline_output_bytes)), 201)
 
 
 async def _own_executor(request: web.Request) -> Any:
@@ -113,18 +113,41 @@ async def _own_executor(request: web.Request) -> Any:
     return row
 
 
+def _caller(request: web.Request) -> tuple[uuid.UUID, int | None]:
+    """The executor of the path, and the caller's API token the SQL checks it against (None: an
+    admin, who may act for any executor)."""
+    principal = require(request, "executor")
+    executor_id = path_uuid(request, "executor_id", "executor")
+    return executor_id, None if principal.role == "admin" else principal.token_id
+
+
+def _refuse(verdict: str, executor_id: uuid.UUID) -> None:
+    """The error a claim or heartbeat verdict other than a lease (or 'ok', 'empty') stands for."""
+    if verdict == "not_found":
+        raise not_found(f"executor {executor_id}")
+    if verdict == "not_your_executor":
+        raise forbidden("this executor was registered with another token", "not_your_executor")
+    if verdict == "deregistered":
+        raise ApiError(409, "deregistered", "this executor deregistered; register again to claim work")
+
+
 @routes.post("/api/v1/executors/{executor_id}/claim")
 async def claim(request: web.Request) -> web.Response:
-    executor = await _own_executor(request)
-    if executor["status"] == "offline":
-        raise ApiError(409, "deregistered", "this executor deregistered; register again to claim work")
+    """One statement per try (minion_claim_batch: the executor check and up to `max` claims), and
+    none while waiting: a wait that times out answers 204 without asking again."""
+    executor_id, owner = _caller(request)
     settings = request.app[SETTINGS]
-    # A longer wait than the server allows is cut to its longest, not refused.
+    # A longer wait than the server allows is cut to its longest, not refused; so is a larger max.
     wait = min(query_float(request, "wait", settings.long_poll_s, 0, 86400), settings.long_poll_s)
+    # Without `max`, the first protocol's single lease; with it, a LeaseBatch of up to that many.
+    batched = bool(request.query.get("max"))
+    most = min(query_int(request, "max", 1, 1, protocol.MAX_NUMBER), settings.max_claim)
     pool, waiters = request.app[POOL], request.app[WAITERS]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    with waiters.registered(frozenset(executor["capabilities"])) as waiter:
+    # Registered before the first query (woken by anything until the executor's capabilities are
+    # known), so a notification landing during a query is not missed.
+    with waiters.registered() as waiter:
         while True:
             # aiohttp lets a handler run on after its client hung up: a long poll of an executor
             # that died (kill -9, crash) must not win a lease nobody will ever hear of. (After a
@@ -132,59 +155,88 @@ async def claim(request: web.Request) -> web.Response:
             # process keeps the executor's heartbeat fresh.)
             if _hung_up(request):
                 return web.Response(status=204)
-            row = await pool.fetchrow(Q.claim, executor["id"], request.app[CLUSTER].lease_timeout_s,
-                                      settings.straggler_factor)
-            if row is not None:
-                if _hung_up(request):
-                    await pool.fetchval(Q.release, row["lease_token"])
-                    return web.Response(status=204)
-                try:
-                    return json_response(await _lease(request, row))
-                except StoreError:
-                    # The claim committed but the executor cannot be told: hand it back now rather
-                    # than leave it to the watchdog (the executor keeps heartbeating).
-                    await pool.fetchval(Q.release, row["lease_token"])
-                    raise
+            rows = await pool.fetch(Q.claim_batch, executor_id, owner, most, settings.straggler_factor)
+            verdict = rows[0]["verdict"]
+            if verdict == "leased":
+                return await _answer(request, rows, batched=batched)
+            _refuse(verdict, executor_id)
+            waiter.capabilities = frozenset(rows[0]["capabilities"])
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not await waiter.wait(remaining):
                 return web.Response(status=204)
-            await waiter.wait(remaining)
 
 
 def _hung_up(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _lease(request: web.Request, row: Any) -> dict[str, Any]:
-    store = request.app[STORE]
+async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> web.Response:
+    """The leases won, as one Lease (a claim without `max`: the first protocol's answer) or a
+    LeaseBatch; handed back at once when the executor cannot be told."""
+    pool = request.app[POOL]
+    try:
+        if _hung_up(request):
+            raise ConnectionResetError
+        leases = await asyncio.gather(*(_lease(request, row) for row in rows))
+    except (StoreError, ConnectionResetError):
+        # The claim committed but the executor cannot be told: hand it back now rather than leave
+        # it to the watchdog (the executor keeps heartbeating).
+        for row in rows:
+            await pool.fetchval(Q.release, row["lease_token"])
+        if _hung_up(request):
+            return web.Response(status=204)
+        raise
+    facts = request.app[LEASES]
+    for row in rows:
+        facts.remember(row)
+    message: protocol.Lease | protocol.LeaseBatch = protocol.LeaseBatch(leases=leases) if batched else leases[0]
+    return json_response(protocol.to_builtins(message))
+
+
+async def _lease(request: web.Request, row: Any) -> protocol.Lease:
+    store, settings = request.app[STORE], request.app[SETTINGS]
     lifetime = max(URL_LIFETIME_S, 2 * request.app[CLUSTER].lease_timeout_s)
-    return {
-        "lease": {"token": str(row["lease_token"]), "expires_at": row["expires_at"].isoformat(),
-                  "backup": row["backup"]},
-        "subtask": {
-            "team": row["team"],
-            "project": row["project"],
-            "task_name": row["task_name"],
-            "subtask_id": row["subtask_id"],
-            "attempt": row["attempt"],
-            "kind": row["kind"],
-            "model": row["model"],
-            "params": row["params"],
-            "input": {
-                "url": await store.presign_get(row["input_uri"], lifetime),
-                "range": [row["byte_start"], row["byte_end"]],
-                "records": row["records"],
-            },
-            "output": {"url": await store.presign_put(row["output_key"], lifetime)},
-        },
-    }
+    start, end = row["byte_start"], row["byte_end"]
+    data = await _inline_input(store, row["input_uri"], start, end, settings.inline_input_bytes)
+    return protocol.Lease(
+        lease=protocol.LeaseTerms(token=str(row["lease_token"]), expires_at=row["expires_at"].isoformat(),
+                                  backup=row["backup"]),
+        subtask=protocol.LeasedSubtask(
+            team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
+            attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
+            input=protocol.InputRef(url=await store.presign_get(row["input_uri"], lifetime), range=[start, end],
+                                    records=row["records"], data=data),
+            output=protocol.OutputRef(url=await store.presign_put(row["output_key"], lifetime)),
+        ),
+    )
 
 
-def _tokens(body: dict[str, Any]) -> list[str]:
-    tokens = body.get("leases", [])
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) or len(tokens) > 1000:
-        raise invalid({"leases": "must be a list of lease tokens (strings)"})
-    return tokens
+async def _inline_input(store: ObjectStore, uri: str, start: int, end: int, limit: int) -> str | None:
+    """A small range's bytes, to ride in the answer (no GET for the executor); None when it is over
+    `limit`, unreadable or not UTF-8 text (the executor then fetches it from `url`)."""
+    if end - start > limit:
+        return None
+    try:
+        data = b"".join([chunk async for chunk in store.read(uri, start, end)])
+        return data.decode("utf-8")
+    except (StoreError, UnicodeDecodeError):
+        return None  # the executor's GET meets the same trouble, and reports it as it always has
+
+
+@routes.post("/api/v1/executors/{executor_id}/heartbeat")
+async def heartbeat(request: web.Request) -> web.Response:
+    executor_id, owner = _caller(request)
+    beat = decode_body(await json_object(request, optional=True), protocol.Heartbeat,
+                       {"leases": f"must be a list of at most {protocol.MAX_TOKENS} lease tokens (strings)"})
+    tokens = beat.leases
+    parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
+    # Unparseable tokens were never leases; the executor still holds whatever it named.
+    rows = await request.app[POOL].fetch(Q.heartbeat_as, executor_id, owner, parsed)
+    _refuse(rows[0]["verdict"], executor_id)
+    states = {str(r["lease_token"]): r["state"] for r in rows[1:]}
+    # A token that is not even a UUID was never a lease: it is lost, like any stale one.
+    reply = protocol.HeartbeatReply(leases={t: states.get(str(_as_uuid(t)), "lost") for t in tokens})
+    return json_response(protocol.to_builtins(reply))
 
 
 def _as_uuid(token: str) -> uuid.UUID | None:
@@ -194,25 +246,12 @@ def _as_uuid(token: str) -> uuid.UUID | None:
         return None
 
 
-@routes.post("/api/v1/executors/{executor_id}/heartbeat")
-async def heartbeat(request: web.Request) -> web.Response:
-    executor = await _own_executor(request)
-    tokens = _tokens(await json_object(request, optional=True))
-    parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
-    # Unparseable tokens were never leases; the executor still holds whatever it named.
-    rows = await request.app[POOL].fetch(Q.heartbeat, executor["id"], parsed,
-                                         request.app[CLUSTER].lease_timeout_s)
-    states = {str(r["lease_token"]): r["state"] for r in rows}
-    # A token that is not even a UUID was never a lease: it is lost, like any stale one.
-    return json_response({"leases": {t: states.get(str(_as_uuid(t)), "lost") for t in tokens}})
-
-
 @routes.post("/api/v1/executors/{executor_id}/deregister")
 async def deregister(request: web.Request) -> web.Response:
     executor = await _own_executor(request)
     released = await request.app[POOL].fetchval(Q.deregister, executor["id"])
     log.info("executor_deregistered", executor_id=str(executor["id"]), released=released)
-    return json_response({"status": "offline", "released": released})
+    return json_response(protocol.to_builtins(protocol.Deregistered(status="offline", released=released)))
 
 
 @routes.get("/api/v1/executors")

@@ -1,23 +1,30 @@
-"""Lease endpoints: complete, fail, release. The lease token fences each one: a token that is no
-longer current gets 409 and changes nothing, so a result is committed exactly once."""
+"""Lease endpoints: complete, fail, release, one lease per request or many in one. The lease token
+fences each one: a token that is no longer current gets 409 and changes nothing, so a result is
+committed exactly once. A batched request answers 200 with each lease's outcome: the status and
+error its own request would have had."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 
-from minions import jsoncodec
+from minions import protocol
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.redaction import redact
-from minions.services.api.appkeys import POOL, STORE
-from minions.services.api.auth import require
+from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
+from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
+from minions.services.api.messages import decode_body
 from minions.services.api.nul import without_nul
 from minions.services.api.output_check import OutputMismatch
+from minions.services.api.responses import json_response
 from minions.services.api.verified_output import VerifiedOutput, copy_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
@@ -25,38 +32,58 @@ Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 
-MAX_NUMBER = 2**31 - 1  # what the database's integer columns hold
+MAX_NUMBER = protocol.MAX_NUMBER
+Item = TypeVar("Item")
+Outcome = TypeVar("Outcome")
+# Leases of one batch verified at once (each reads its input range and output).
+VERIFY_CONCURRENCY = 8
 
 _REFUSED = {
     "lost": ("lease_lost", "this lease is no longer current (reclaimed, released or already finished)"),
     "cancelled": ("task_cancelled", "the task was cancelled; drop this work"),
     "records_mismatch": ("records_mismatch", "records does not match the subtask's record count"),
 }
+_COMPLETION_RULES = {"records": f"required: a whole number from 0 to {MAX_NUMBER}",
+                     "seconds": f"required: a number from 0 to {MAX_NUMBER}",
+                     "output": "must be a string: the output's JSONL"}
+_FAILURE_RULES = {"error": "required: what went wrong", "retryable": "must be true or false"}
+_OK = protocol.to_builtins(protocol.Ok(status="ok"))
 
 
-def _ok() -> web.Response:
-    return web.Response(body=jsoncodec.dumps({"status": "ok"}), content_type="application/json")
+@dataclass
+class _Lease:
+    """One lease a request acts on: its token as sent, as a UUID, and what is known of it while it is
+    current (a minion_lease_info row, or the claim's facts), None once it is not."""
+
+    raw: str
+    token: uuid.UUID
+    live: Any
+    cached: bool
 
 
-async def _lease(request: web.Request) -> tuple[uuid.UUID, Any]:
-    """The lease token of the path, held by one of the caller's executors (an admin may act on any),
-    and its minion_lease_info row (the output key it must have written, the records it answers
-    for); None when the token is no longer current (the lease functions then say why)."""
-    principal = require(request, "executor")
+async def _lease(request: web.Request, principal: Principal, raw: str) -> _Lease:
+    """The lease `raw` names, held by one of the caller's executors (an admin may act on any)."""
     try:
-        token = uuid.UUID(request.match_info["token"])
+        token = uuid.UUID(raw)
     except ValueError:
         raise conflict(*_REFUSED["lost"]) from None
-    live = await request.app[POOL].fetchrow(Q.lease_info, token)
+    live = request.app[LEASES].get(token)
+    cached = live is not None
     if live is None:
-        return token, None
-    if principal.role != "admin" and live["owner"] != principal.token_id:
+        live = await request.app[POOL].fetchrow(Q.lease_info, token)
+    if live is not None and principal.role != "admin" and live["owner"] != principal.token_id:
         raise forbidden("this lease is held by an executor of another token", "not_your_lease")
-    return token, live
+    return _Lease(raw, token, live, cached)
+
+
+async def _still_live(request: web.Request, lease: _Lease) -> bool:
+    """Whether a lease known from its claim is still current (asked only when a check failed, so that a
+    stale lease is refused as stale, as before, not for what its output holds)."""
+    return not lease.cached or await request.app[POOL].fetchrow(Q.lease_info, lease.token) is not None
 
 
 def _verdict(verdict: str) -> None:
-    if verdict == "ok":
+    if verdict in ("ok", "repeat"):
         return
     code, message = _REFUSED[verdict]
     if verdict == "records_mismatch":
@@ -64,51 +91,111 @@ def _verdict(verdict: str) -> None:
     raise conflict(code, message)
 
 
-def _number(body: dict[str, Any], key: str, *, required: bool, integer: bool) -> Any:
-    value: Any = body.get(key)
-    if value is None and not required:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int))
-            or not 0 <= value <= MAX_NUMBER):
-        raise invalid({key: f"required: a {'whole ' if integer else ''}number from 0 to {MAX_NUMBER}"})
-    return value
+# ---------------------------------------------------------------- complete
+
+
+@dataclass
+class _Completing:
+    lease: _Lease
+    records: int
+    seconds: float | None
+    verified: VerifiedOutput | None
+    inline: bool
+
+
+async def _prepare_complete(request: web.Request, lease: _Lease, completion: protocol.Completion) -> _Completing:
+    """The lease's output verified and copied to its result key; ApiError when it cannot be
+    committed (a stale lease is left to the SQL, which says why)."""
+    inline = None if completion.output is None else completion.output.encode()
+    limit = request.app[SETTINGS].inline_output_bytes
+    if inline is not None and len(inline) > limit:
+        raise ApiError(413, "too_large", f"an inline output may hold at most {limit:,} bytes (MINIONS_INLINE_OUTPUT_"
+                                         "BYTES); PUT it to the lease's output URL and complete without `output`")
+    verified = None
+    if lease.live is not None:
+        try:
+            if completion.records != lease.live["records"]:
+                _verdict("records_mismatch")
+            verified = await _verify(request.app[STORE], lease.live, lease.token, inline)
+        except ApiError:
+            if await _still_live(request, lease):
+                raise
+            lease.live = None
+    return _Completing(lease, completion.records, completion.seconds, verified, inline is not None)
+
+
+async def _finish_complete(request: web.Request, done: _Completing, verdict: str) -> None:
+    store = request.app[STORE]
+    if verdict != "ok" and done.verified is not None:
+        # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
+        # the same lease won): nothing refers to it.
+        await _discard(store, done.verified.key)
+    if verdict != "records_mismatch":
+        request.app[LEASES].forget(done.lease.token)
+    _verdict(verdict)
+    if verdict == "ok" and done.lease.live is not None and not done.inline:
+        # The committed bytes live on under the result key; the attempt's object is no longer read.
+        await _discard(store, done.lease.live["output_key"])
+
+
+def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None]:
+    verified = done.verified
+    return (verified.key, verified.sha256, verified.size) if verified else (None, None, None)
 
 
 @routes.post("/api/v1/leases/{token}/complete")
 async def complete(request: web.Request) -> web.Response:
-    token, live = await _lease(request)
-    body = await json_object(request)
-    records = _number(body, "records", required=True, integer=True)
-    seconds = _number(body, "seconds", required=False, integer=False)
-    pool, store = request.app[POOL], request.app[STORE]
-    verified = None
-    if live is not None:
-        # A stale lease has nothing to verify: the SQL below refuses it (or answers a retried
-        # complete of a committed one).
-        if records != live["records"]:
-            _verdict("records_mismatch")
-        verified = await _verify(store, live, token)
-    verdict = await pool.fetchval(Q.complete, token, records, seconds, *(
-        (verified.key, verified.sha256, verified.size) if verified else (None, None, None)))
-    if verdict != "ok" and verified is not None:
-        # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
-        # the same lease won): nothing refers to it.
-        await _discard(store, verified.key)
-    if verdict == "repeat":
-        return _ok()
-    _verdict(verdict)
-    if live is not None:
-        # The committed bytes live on under the result key; the attempt's object is no longer read.
-        await _discard(store, live["output_key"])
-    return _ok()
+    principal = require(request, "executor")
+    raw = request.match_info["token"]
+    lease = await _lease(request, principal, raw)  # 403/409 before the body is read, as always
+    completion = decode_body(await json_object(request), protocol.Completion, _COMPLETION_RULES)
+    done = await _prepare_complete(request, lease, completion)
+    verdict = await request.app[POOL].fetchval(Q.complete, done.lease.token, done.records, done.seconds, *_copy(done))
+    await _finish_complete(request, done, verdict)
+    return json_response(_OK)
 
 
-async def _verify(store: ObjectStore, live: Any, token: uuid.UUID) -> VerifiedOutput:
+@routes.post("/api/v1/leases/complete")
+async def complete_batch(request: web.Request) -> web.Response:
+    principal = require(request, "executor")
+    batch = decode_body(await json_object(request), protocol.CompletionBatch)
+    gate = asyncio.Semaphore(VERIFY_CONCURRENCY)
+
+    async def prepare(item: protocol.LeaseCompletion) -> _Completing:
+        async with gate:
+            return await _prepare_complete(request, await _lease(request, principal, item.token), item)
+
+    prepared = await _each(batch.leases, prepare)
+    ready = _in_lock_order([p for p in prepared if isinstance(p, _Completing)])
+    copies = [_copy(d) for d in ready]
+    rows = await request.app[POOL].fetch(
+        Q.complete_batch, [d.lease.token for d in ready], [d.records for d in ready], [d.seconds for d in ready],
+        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies])
+    verdicts = {id(d): row["verdict"] for d, row in zip(ready, rows, strict=True)}
+
+    async def finish(item: _Completing | ApiError) -> None:
+        if isinstance(item, ApiError):
+            raise item
+        await _finish_complete(request, item, verdicts[id(item)])
+
+    outcomes = await _each(prepared, finish)
+    return _batch_reply([item.token for item in batch.leases], outcomes)
+
+
+def _in_lock_order(items: list[_Completing]) -> list[_Completing]:
+    """By (task, subtask): two batches then lock subtask and task rows in the same order."""
+    def key(done: _Completing) -> tuple[int, int, str]:
+        live = done.lease.live
+        return (live["task_id"], live["subtask_id"], done.lease.raw) if live is not None else (0, 0, done.lease.raw)
+    return sorted(items, key=key)
+
+
+async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None) -> VerifiedOutput:
     """The output checked against the subtask's input and copied to its result key; 409
     output_missing or 422 output_mismatch (the lease stays live: the executor may fix it and
     complete again, or fail it)."""
     try:
-        return await copy_verified(store, live, token)
+        return await copy_verified(store, live, token, inline)
     except ObjectNotFound:
         raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing") \
             from None
@@ -124,28 +211,110 @@ async def _discard(store: ObjectStore, key: str) -> None:
         log.warning("store_delete_failed", key=key, error=str(exc))
 
 
-@routes.post("/api/v1/leases/{token}/fail")
-async def fail(request: web.Request) -> web.Response:
-    token, live = await _lease(request)
-    body = await json_object(request)
-    error = body.get("error")
-    retryable = body.get("retryable", True)
-    if not isinstance(error, str) or not error.strip():
-        raise invalid({"error": "required: what went wrong"})
-    if not isinstance(retryable, bool):
-        raise invalid({"retryable": "must be true or false"})
+# ---------------------------------------------------------------- fail and release
+
+
+def _error_text(failure: protocol.Failure, lease: _Lease) -> str:
     # The text is the executor's, shown to the task's team in /subtasks and results: secrets in it
     # (this lease's token, a signed URL) are redacted before it is stored, logged or shown.
-    error = redact(error[:4000], known=(str(token), request.match_info["token"]))
-    _verdict(await request.app[POOL].fetchval(Q.fail, token, without_nul(error), retryable))
+    return str(without_nul(redact(failure.error[:4000], known=(str(lease.token), lease.raw))))
+
+
+def _failed(request: web.Request, lease: _Lease, verdict: str, error: str, retryable: bool) -> None:
+    request.app[LEASES].forget(lease.token)
+    _verdict(verdict)
     # Named by task and subtask, never by token.
-    subtask = f"{live['task_id']}/{live['subtask_id']}" if live is not None else None
+    subtask = f"{lease.live['task_id']}/{lease.live['subtask_id']}" if lease.live is not None else None
     log.info("lease_failed", subtask=subtask, error=error[:200], retryable=retryable)
-    return _ok()
+
+
+@routes.post("/api/v1/leases/{token}/fail")
+async def fail(request: web.Request) -> web.Response:
+    principal = require(request, "executor")
+    lease = await _lease(request, principal, request.match_info["token"])
+    failure = decode_body(await json_object(request), protocol.Failure, _FAILURE_RULES)
+    if not failure.error.strip():
+        raise invalid({"error": _FAILURE_RULES["error"]})
+    error = _error_text(failure, lease)
+    verdict = await request.app[POOL].fetchval(Q.fail, lease.token, error, failure.retryable)
+    _failed(request, lease, verdict, error, failure.retryable)
+    return json_response(_OK)
+
+
+@routes.post("/api/v1/leases/fail")
+async def fail_batch(request: web.Request) -> web.Response:
+    principal = require(request, "executor")
+    batch = decode_body(await json_object(request), protocol.FailureBatch)
+
+    async def look_up(item: protocol.LeaseFailure) -> _Lease:
+        if not item.error.strip():
+            raise invalid({"error": _FAILURE_RULES["error"]})
+        return await _lease(request, principal, item.token)
+
+    found = await _each(batch.leases, look_up)
+    ready = [(lease, item) for lease, item in zip(found, batch.leases, strict=True) if isinstance(lease, _Lease)]
+    errors = [_error_text(item, lease) for lease, item in ready]
+    rows = await request.app[POOL].fetch(Q.fail_batch, [lease.token for lease, _ in ready], errors,
+                                         [item.retryable for _, item in ready])
+    verdicts = {id(lease): (row["verdict"], error) for (lease, _), error, row in zip(ready, errors, rows, strict=True)}
+
+    async def settle(pair: tuple[_Lease | ApiError, protocol.LeaseFailure]) -> None:
+        lease, item = pair
+        if isinstance(lease, ApiError):
+            raise lease
+        verdict, error = verdicts[id(lease)]
+        _failed(request, lease, verdict, error, item.retryable)
+
+    outcomes = await _each(list(zip(found, batch.leases, strict=True)), settle)
+    return _batch_reply([item.token for item in batch.leases], outcomes)
 
 
 @routes.post("/api/v1/leases/{token}/release")
 async def release(request: web.Request) -> web.Response:
-    token, _ = await _lease(request)
-    _verdict(await request.app[POOL].fetchval(Q.release, token))
-    return _ok()
+    principal = require(request, "executor")
+    lease = await _lease(request, principal, request.match_info["token"])
+    request.app[LEASES].forget(lease.token)
+    _verdict(await request.app[POOL].fetchval(Q.release, lease.token))
+    return json_response(_OK)
+
+
+@routes.post("/api/v1/leases/release")
+async def release_batch(request: web.Request) -> web.Response:
+    principal = require(request, "executor")
+    batch = decode_body(await json_object(request), protocol.ReleaseBatch)
+    found = await _each(batch.leases, lambda raw: _lease(request, principal, raw))
+    ready = [lease for lease in found if isinstance(lease, _Lease)]
+    rows = await request.app[POOL].fetch(Q.release_batch, [lease.token for lease in ready])
+    verdicts = {id(lease): row["verdict"] for lease, row in zip(ready, rows, strict=True)}
+
+    async def settle(lease: _Lease | ApiError) -> None:
+        if isinstance(lease, ApiError):
+            raise lease
+        request.app[LEASES].forget(lease.token)
+        _verdict(verdicts[id(lease)])
+
+    outcomes = await _each(found, settle)
+    return _batch_reply(batch.leases, outcomes)
+
+
+# ---------------------------------------------------------------- batches
+
+
+async def _each(items: Sequence[Item], step: Callable[[Item], Awaitable[Outcome]]) -> list[Outcome | ApiError]:
+    """`step` of every item, concurrently; an item's ApiError is its outcome, not the request's."""
+    async def one(item: Item) -> Outcome | ApiError:
+        try:
+            return await step(item)
+        except ApiError as exc:
+            return exc
+    return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def _batch_reply(tokens: Sequence[str], outcomes: Sequence[Any]) -> web.Response:
+    results = [
+        protocol.LeaseOutcome(token=token, status=outcome.status, error=protocol.LeaseError(
+            code=outcome.code, message=outcome.message, fields=outcome.fields))
+        if isinstance(outcome, ApiError) else protocol.LeaseOutcome(token=token, status=200)
+        for token, outcome in zip(tokens, outcomes, strict=True)
+    ]
+    return json_response(protocol.to_builtins(protocol.BatchReply(results=results)))
