@@ -61,6 +61,12 @@ class Settings:
                                                         "help": "age before unreferenced objects are garbage"})
     gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",
                                                           "help": "watchdog's garbage-collection period (0: off)"})
+    # The retention job (minions/retention.py): finished tasks older than this are deleted with their rows.
+    retention_days: float = field(default=30.0, metadata={"env": "MINIONS_RETENTION_DAYS",
+                                                          "help": "age of finished tasks the retention job "
+                                                                  "deletes (0: off)"})
+    retention_interval_s: float = field(default=3600.0, metadata={"env": "MINIONS_RETENTION_INTERVAL_S",
+                                                                  "help": "watchdog's retention-job period"})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = field(default=10.0, metadata={"env": "MINIONS_HEADER_TIMEOUT_S",
@@ -86,9 +92,11 @@ class Settings:
         for name in ("max_input_bytes", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
-        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
+        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "retention_days"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
+        if self.retention_interval_s <= 0:
+            problems.append("MINIONS_RETENTION_INTERVAL_S must be > 0")
         if self.max_attempts < 1:
             problems.append("MINIONS_MAX_ATTEMPTS must be >= 1")
         if self.lease_timeout_s <= self.heartbeat_interval_s:

@@ -13,7 +13,7 @@ from minions.runtime import install_uvloop
 from minions.services.watchdog.service import Watchdog
 
 SETTINGS = ("database_url", "lease_timeout_s", "heartbeat_interval_s", "sweep_interval_s", "listen_probe_s",
-            "store", "s3_endpoint_url", "gc_interval_s", "gc_grace_s")
+            "store", "s3_endpoint_url", "gc_interval_s", "gc_grace_s", "retention_days", "retention_interval_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
