@@ -46,9 +46,8 @@ import yarl  # noqa: E402
 
 from minions import jsoncodec  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
-from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
+from minions.embedded_pg import EmbeddedPostgres, free_port  # noqa: E402
 from minions.sdk import MinionsClient  # noqa: E402
-from minions.embedded_pg import free_port  # noqa: E402
 from minions.testing.balancer import Balancer, ReplicatedServices  # noqa: E402
 from minions.testing.factories import make_tokens  # noqa: E402
 
@@ -200,6 +199,14 @@ async def _db_figures(url: str) -> tuple[int, int]:
     return int(connections), int(commits)
 
 
+def _log_figures(root: Path) -> dict[str, Any]:
+    """How often the balancers took a replica out, and the replicas' commonest warnings."""
+    logs = "".join(p.read_text(errors="replace") for p in root.rglob("haproxy*.log"))
+    api_logs = "".join(p.read_text(errors="replace") for p in (root / "services").glob("api-*.log"))
+    return {"lb_replica_down_events": logs.count(" is DOWN"),
+            "api_warnings": dict(Counter(re.findall(r'"event": ?"(\w+)"', api_logs)).most_common(6))}
+
+
 def _totals(counters: Any) -> tuple[int, int, int]:
     values = [v for k, v in counters.items() if isinstance(k, int)]
     return tuple(sum(v[i] for v in values) for i in range(3))  # type: ignore[return-value]
@@ -306,10 +313,7 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
             if p.is_alive():
                 p.kill()
         with contextlib.suppress(OSError):
-            logs = "".join(p.read_text(errors="replace") for p in root.rglob("haproxy*.log"))
-            result["lb_replica_down_events"] = logs.count(" is DOWN")
-            api_logs = "".join(p.read_text(errors="replace") for p in (root / "services").glob("api-*.log"))
-            result["api_warnings"] = dict(Counter(re.findall(r'"event": ?"(\w+)"', api_logs)).most_common(6))
+            result |= _log_figures(root)
         services.stop_all()
         for balancer in extra_balancers:
             balancer.kill()

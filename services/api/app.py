@@ -61,7 +61,8 @@ def create_app(settings: Settings) -> web.Application:
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
     # min_size=0: the API starts (and answers 503) even while the database is down.
-    pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20)
+    # Stateless: LISTEN lives on the claim waiters' own connection, never on a pooled one.
+    pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20, stateless=True)
     app[POOL] = pool
 
     async def output_writable(key: str) -> bool:
