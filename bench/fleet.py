@@ -228,7 +228,8 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
     services = ReplicatedServices(url, root / "services", heartbeat_interval_s=heartbeat_s,
                                   lease_timeout_s=max(4 * heartbeat_s, 10.0), long_poll_s=LONG_POLL_S,
                                   extra_env={"MINIONS_LOG_LEVEL": "warning",
-                                             "MINIONS_MAX_CONNECTIONS_PER_IP": str(n + 1000)})
+                                             "MINIONS_MAX_CONNECTIONS_PER_IP": str(n + 1000)},
+                                  start_timeout_s=120.0)
     # One process may open at most `ulimit -n` files (20,000 here, and not raisable in this
     # container); a balancer holds two per waiting executor, so 10,000 need two balancers.
     extra_balancers: list[Balancer] = []
