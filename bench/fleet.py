@@ -47,7 +47,7 @@ import yarl  # noqa: E402
 from minions import jsoncodec  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres, free_port  # noqa: E402
-from minions.sdk import MinionsClient  # noqa: E402
+from minions.sdk import MinionsClient, MinionsError  # noqa: E402
 from minions.testing.balancer import Balancer, ReplicatedServices  # noqa: E402
 from minions.testing.factories import make_tokens  # noqa: E402
 
@@ -285,12 +285,18 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "heartbeats_per_s": round((beats1 - beats0) / idle_s, 1),
         }
 
-        # Drain.
+        # Drain. The submit goes through the balancer too, so it may meet a 502/503 of a busy fleet.
         async with MinionsClient(services.api_url, admin, timeout_s=120) as client:
             records = [{"id": f"r{i:06d}", "ms": 0} for i in range(args.subtasks)]
             submitted = time.time()
-            await client.submit({"team": "bench", "project": "fleet", "name": "drain", "kind": "sleep",
-                                 "input": {"records": records}, "subtask_size": 1})
+            for attempt in range(5):
+                try:
+                    await client.submit({"team": "bench", "project": "fleet", "name": "drain", "kind": "sleep",
+                                         "input": {"records": records}, "subtask_size": 1})
+                    break
+                except MinionsError as exc:
+                    result[f"submit_error_{attempt}"] = str(exc)[:80]
+                    await asyncio.sleep(2)
             deadline = time.monotonic() + args.drain_timeout_s
             task: dict[str, Any] = {}
             while time.monotonic() < deadline:
