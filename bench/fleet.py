@@ -285,6 +285,8 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "heartbeats_per_s": round((beats1 - beats0) / idle_s, 1),
         }
 
+        print("idle:", jsoncodec.dumps_str(result), file=sys.stderr, flush=True)  # kept if the drain hangs
+
         # Drain. The submit goes through the balancer too, so it may meet a 502/503 of a busy fleet.
         async with MinionsClient(services.api_url, admin, timeout_s=120) as client:
             records = [{"id": f"r{i:06d}", "ms": 0} for i in range(args.subtasks)]
@@ -306,6 +308,7 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(1)
         result["drain_finished"] = bool(task.get("finished_at"))
         result["drain_done_subtasks"] = task.get("subtasks", {}).get("done")
+        print("drained:", jsoncodec.dumps_str(result), file=sys.stderr, flush=True)
     except BaseException:
         print(services.logs()[-6000:], file=sys.stderr)
         raise
@@ -314,7 +317,7 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
         collected = []
         for _ in procs:
             with contextlib.suppress(Exception):
-                collected.append(out.get(timeout=LONG_POLL_S + 40))
+                collected.append(out.get(timeout=LONG_POLL_S + 10))
         for p in procs:
             p.join(10)
             if p.is_alive():
