@@ -279,7 +279,7 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
         rss = sum(_rss_mb(p.pid) for p in apis if p)
         result |= {
             "api_rss_mb": round(rss, 1), "api_rss_mb_no_executors": round(rss_base, 1),
-            "api_mb_per_1000_waiting": round((rss - rss_base) / max(n, 1) * 1000, 1),
+            "api_mb_per_1000_waiting": round((rss - rss_base) / max(result["registered"], 1) * 1000, 1),
             "db_connections": conns, "db_connections_no_executors": conns_base,
             "idle_commits_per_s": round((commits1 - commits0) / idle_s, 1),
             "heartbeats_per_s": round((beats1 - beats0) / idle_s, 1),
