@@ -1,6 +1,6 @@
 """Many simulated executors against API replicas behind HAProxy (issue 14 item 3, first version).
 
-    python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20]
+    python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20] [--balancers 2]
 
 For each executor count: an embedded PostgreSQL of its own, 3 API replicas behind HAProxy
 (infra/haproxy/haproxy.cfg), 2 splitters, 2 watchdogs (tests/chaos/balancer.py), and
