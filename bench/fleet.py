@@ -1,6 +1,6 @@
 """Many simulated executors against API replicas behind HAProxy (issue 14 item 3, first version).
 
-    python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20]
+    python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20] [--balancers 2]
 
 For each executor count: an embedded PostgreSQL of its own, 3 API replicas behind HAProxy
 (infra/haproxy/haproxy.cfg), 2 splitters, 2 watchdogs (tests/chaos/balancer.py), and
@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -45,13 +46,21 @@ import yarl  # noqa: E402
 
 from minions import jsoncodec  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
-from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
-from minions.sdk import MinionsClient  # noqa: E402
-from minions.testing.balancer import ReplicatedServices  # noqa: E402
+from minions.embedded_pg import EmbeddedPostgres, free_port  # noqa: E402
+from minions.sdk import MinionsClient, MinionsError  # noqa: E402
+from minions.testing.balancer import Balancer, ReplicatedServices  # noqa: E402
 from minions.testing.factories import make_tokens  # noqa: E402
 
 MACS, MAC_HEARTBEAT_S = 10_000, 30.0
 LONG_POLL_S = 20.0
+
+
+def _why(status: int, body: bytes) -> str:
+    """An error answer's kind: the API's JSON error code, or `lb` for the balancer's own page."""
+    try:
+        return f"{status} {jsoncodec.loads(body)['error']['code']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{status} lb"
 
 
 class SimExecutor:
@@ -99,7 +108,7 @@ class SimExecutor:
             if status == 204:
                 continue
             if status != 200:
-                self.stats["errors"][f"claim {status}"] += 1
+                self.stats["errors"][f"claim {_why(status, body)}"] += 1
                 await asyncio.sleep(1)
                 continue
             self.stats["claims"].append((sent, time.time() - sent))
@@ -136,11 +145,11 @@ class SimExecutor:
             try:
                 async with session.post(f"{self.api}/api/v1/executors/{self.executor_id}/heartbeat",
                                         json={"leases": list(self.leases)}, headers=self.headers) as resp:
-                    await resp.read()
+                    body = await resp.read()
                     if resp.status == 200:
                         self.stats["heartbeats"] += 1
                     else:
-                        self.stats["errors"][f"heartbeat {resp.status}"] += 1
+                        self.stats["errors"][f"heartbeat {_why(resp.status, body)}"] += 1
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.stats["errors"][f"heartbeat {type(exc).__name__}"] += 1
             await asyncio.sleep(self.heartbeat_s)
@@ -190,6 +199,14 @@ async def _db_figures(url: str) -> tuple[int, int]:
     return int(connections), int(commits)
 
 
+def _log_figures(root: Path) -> dict[str, Any]:
+    """How often the balancers took a replica out, and the replicas' commonest warnings."""
+    logs = "".join(p.read_text(errors="replace") for p in root.rglob("haproxy*.log"))
+    api_logs = "".join(p.read_text(errors="replace") for p in (root / "services").glob("api-*.log"))
+    return {"lb_replica_down_events": logs.count(" is DOWN"),
+            "api_warnings": dict(Counter(re.findall(r'"event": ?"(\w+)"', api_logs)).most_common(6))}
+
+
 def _totals(counters: Any) -> tuple[int, int, int]:
     values = [v for k, v in counters.items() if isinstance(k, int)]
     return tuple(sum(v[i] for v in values) for i in range(3))  # type: ignore[return-value]
@@ -205,9 +222,17 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
     url = server.url_for("fleet")
     await migrate(url)
     heartbeat_s = MAC_HEARTBEAT_S * n / MACS
+    # Behind a balancer every connection comes from its address: the API's per-address cap (a
+    # slowloris guard, 256 by default) must exceed what one balancer holds to a replica, or the
+    # replicas answer the fleet 429 and fail the balancer's own health checks (503 for everyone).
     services = ReplicatedServices(url, root / "services", heartbeat_interval_s=heartbeat_s,
                                   lease_timeout_s=max(4 * heartbeat_s, 10.0), long_poll_s=LONG_POLL_S,
-                                  extra_env={"MINIONS_LOG_LEVEL": "warning"})
+                                  extra_env={"MINIONS_LOG_LEVEL": "warning",
+                                             "MINIONS_MAX_CONNECTIONS_PER_IP": str(n + 1000)},
+                                  start_timeout_s=120.0)
+    # One process may open at most `ulimit -n` files (20,000 here, and not raisable in this
+    # container); a balancer holds two per waiting executor, so 10,000 need two balancers.
+    extra_balancers: list[Balancer] = []
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     counters = manager.dict()
@@ -218,15 +243,20 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
     try:
         admin, token = await make_tokens(url)
         await services.start_all()
+        api_urls = [services.api_url]
+        for i in range(1, args.balancers):
+            port = free_port()
+            extra_balancers.append(Balancer(port, services.api_ports, root / f"haproxy-{i + 1}.log").start())
+            api_urls.append(f"http://127.0.0.1:{port}")
         await asyncio.sleep(2)
         apis = [services.running[f"api-{i}"].process for i in (1, 2, 3)]
         rss_base = sum(_rss_mb(p.pid) for p in apis if p)
         conns_base, _ = await _db_figures(url)
         names = [f"sim-{i:05d}" for i in range(n)]
         chunks = [names[i::args.processes] for i in range(args.processes)]
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             p = ctx.Process(target=_client_process,
-                            args=(services.api_url, token, chunk, heartbeat_s, stop_evt, out, counters))
+                            args=(api_urls[i % len(api_urls)], token, chunk, heartbeat_s, stop_evt, out, counters))
             p.start()
             procs.append(p)
         started = time.monotonic()
@@ -249,18 +279,26 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
         rss = sum(_rss_mb(p.pid) for p in apis if p)
         result |= {
             "api_rss_mb": round(rss, 1), "api_rss_mb_no_executors": round(rss_base, 1),
-            "api_mb_per_1000_waiting": round((rss - rss_base) / max(n, 1) * 1000, 1),
+            "api_mb_per_1000_waiting": round((rss - rss_base) / max(result["registered"], 1) * 1000, 1),
             "db_connections": conns, "db_connections_no_executors": conns_base,
             "idle_commits_per_s": round((commits1 - commits0) / idle_s, 1),
             "heartbeats_per_s": round((beats1 - beats0) / idle_s, 1),
         }
 
-        # Drain.
+        print("idle:", jsoncodec.dumps_str(result), file=sys.stderr, flush=True)  # kept if the drain hangs
+
+        # Drain. The submit goes through the balancer too, so it may meet a 502/503 of a busy fleet.
         async with MinionsClient(services.api_url, admin, timeout_s=120) as client:
             records = [{"id": f"r{i:06d}", "ms": 0} for i in range(args.subtasks)]
             submitted = time.time()
-            await client.submit({"team": "bench", "project": "fleet", "name": "drain", "kind": "sleep",
-                                 "input": {"records": records}, "subtask_size": 1})
+            for attempt in range(5):
+                try:
+                    await client.submit({"team": "bench", "project": "fleet", "name": "drain", "kind": "sleep",
+                                         "input": {"records": records}, "subtask_size": 1})
+                    break
+                except MinionsError as exc:
+                    result[f"submit_error_{attempt}"] = str(exc)[:80]
+                    await asyncio.sleep(2)
             deadline = time.monotonic() + args.drain_timeout_s
             task: dict[str, Any] = {}
             while time.monotonic() < deadline:
@@ -270,6 +308,7 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(1)
         result["drain_finished"] = bool(task.get("finished_at"))
         result["drain_done_subtasks"] = task.get("subtasks", {}).get("done")
+        print("drained:", jsoncodec.dumps_str(result), file=sys.stderr, flush=True)
     except BaseException:
         print(services.logs()[-6000:], file=sys.stderr)
         raise
@@ -278,12 +317,16 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
         collected = []
         for _ in procs:
             with contextlib.suppress(Exception):
-                collected.append(out.get(timeout=LONG_POLL_S + 40))
+                collected.append(out.get(timeout=LONG_POLL_S + 10))
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
+        with contextlib.suppress(OSError):
+            result |= _log_figures(root)
         services.stop_all()
+        for balancer in extra_balancers:
+            balancer.kill()
         server.stop("immediate")
         manager.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -307,6 +350,7 @@ def main() -> None:
     parser.add_argument("--executors", type=int, nargs="+", default=[1000])
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--subtasks", type=int, default=5000)
+    parser.add_argument("--balancers", type=int, default=1, help="HAProxy instances (2 for 10,000 executors)")
     parser.add_argument("--idle-s", type=float, default=15.0)
     parser.add_argument("--register-timeout-s", type=float, default=120.0)
     parser.add_argument("--drain-timeout-s", type=float, default=120.0)

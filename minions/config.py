@@ -75,6 +75,11 @@ class Settings:
     inline_split_max_bytes: int = _setting(1024**2, "MINIONS_INLINE_SPLIT_MAX_BYTES",
                                            "inline records up to this size are split at submission, "
                                            "no splitter hop (0: never)", {API})
+    # The retention job (minions/retention.py): finished tasks older than this are deleted with their rows.
+    retention_days: float = _setting(30.0, "MINIONS_RETENTION_DAYS",
+                                     "age of finished tasks the retention job deletes (0: off)", {WATCHDOG})
+    retention_interval_s: float = _setting(3600.0, "MINIONS_RETENTION_INTERVAL_S", "watchdog's retention-job period",
+                                           {WATCHDOG})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
@@ -106,9 +111,11 @@ class Settings:
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
-                     "inline_output_bytes"):
+                     "inline_output_bytes", "retention_days"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
+        if self.retention_interval_s <= 0:
+            problems.append("MINIONS_RETENTION_INTERVAL_S must be > 0")
         if self.max_attempts is not None and self.max_attempts < 1:
             problems.append("MINIONS_MAX_ATTEMPTS must be >= 1")
         if self.lease_timeout_s is not None:

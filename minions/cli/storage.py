@@ -9,7 +9,7 @@ import sys
 
 import asyncpg
 
-from minions import config
+from minions import config, retention
 from minions.cli import connection
 from minions.cli.admin import database_url
 from minions.cli.client_command import client_command
@@ -25,9 +25,13 @@ Q = Queries("inputs")
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("gc", help="delete garbage from the object store: unreferenced uploads, "
                                   "outputs of deleted tasks and lost attempts, partial writes")
-    config.add_arguments(p, ("database_url", "store", "s3_endpoint_url", "gc_grace_s"))
+    config.add_arguments(p, ("database_url", "store", "s3_endpoint_url", "gc_grace_s", "retention_days"))
     p.add_argument("--data-dir", default=None, help="use the database and store of a `minions up` data dir")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+    p.add_argument("--retention", action="store_true",
+                   help="instead: run the retention job now (delete finished tasks older than "
+                        "--retention-days with their subtasks and history)")
+    p.add_argument("--batch", type=int, default=retention.BATCH, help="subtasks per transaction (--retention)")
     p.set_defaults(handler=gc)
 
     p = sub.add_parser("delete", help="delete a finished task (its input and results are then garbage)")
@@ -68,7 +72,36 @@ def _print_progress(phase: str, report: GcReport) -> None:
     sys.stderr.flush()
 
 
+def _print_retention(report: retention.RetentionReport) -> None:
+    sys.stderr.write(f"retention: {report.summary()}\n")
+    sys.stderr.flush()
+
+
+def run_retention(args: argparse.Namespace) -> int:
+    days = config.from_args(args).retention_days
+    if days <= 0:
+        raise SystemExit("minions: the retention job is off (MINIONS_RETENTION_DAYS=0); pass --retention-days")
+    if args.batch < 1 or args.dry_run:
+        raise SystemExit("minions: --retention needs --batch >= 1 and has no --dry-run")
+
+    async def run() -> retention.RetentionReport:
+        conn = await connect(database_url(args))
+        try:
+            return await retention.run_retention(conn, days, batch=args.batch, progress=_print_retention)
+        finally:
+            await conn.close()
+
+    report = asyncio.run(run())
+    if report.ran:
+        print(report.summary() + "; their objects go at the next `minions gc`")
+        return 0
+    print(f"minions: {report.summary()}", file=sys.stderr)
+    return 1
+
+
 def gc(args: argparse.Namespace) -> int:
+    if args.retention:
+        return run_retention(args)
     settings = config.from_args(args)
     url, store_uri = database_url(args), _store_uri(args)
 

@@ -54,6 +54,7 @@ class ReplicatedServices(Services):
     replicas: dict[str, int] = field(default_factory=lambda: {"api": 3, "splitter": 2, "watchdog": 2})
     api_ports: list[int] = field(default_factory=list)
     balancer: Balancer | None = None
+    start_timeout_s: float = 30.0  # longer for a bench on a loaded host: 7 Python services start at once
 
     def __post_init__(self) -> None:
         self.api_ports = [free_port() for _ in range(self.replicas["api"])]
@@ -79,7 +80,7 @@ class ReplicatedServices(Services):
             for i in range(1, count + 1):
                 self.start(f"{kind}-{i}")
         for i in range(1, self.replicas["api"] + 1):
-            if not await wait_until_healthy(self.replica_url(i), 30):
+            if not await wait_until_healthy(self.replica_url(i), self.start_timeout_s):
                 raise AssertionError(f"api-{i} never became healthy:\n{self.running[f'api-{i}'].log()[-3000:]}")
         await self.wait_healthy()
 

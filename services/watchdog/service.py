@@ -25,6 +25,7 @@ from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.listen import Listener
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.retention import run_retention
 from minions.services.watchdog.deadlines import Deadlines
 from minions.store.base import StoreError
 from minions.store.factory import open_store
@@ -55,10 +56,11 @@ class Watchdog:
     async def run(self) -> None:
         listening = asyncio.create_task(self.listener.run(), name="watchdog-listen")
         gc = asyncio.create_task(self._gc_loop(), name="watchdog-gc")
+        retention = asyncio.create_task(self._retention_loop(), name="watchdog-retention")
         try:
             await self._judge()
         finally:
-            for task in (gc, listening):
+            for task in (retention, gc, listening):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -83,6 +85,25 @@ class Watchdog:
                 log.info("gc_swept", freed_bytes=report.freed_bytes, inputs=report.inputs.objects,
                          outputs=report.outputs.objects, partial_writes=report.partials.objects,
                          errors=report.errors)
+
+    async def _retention_loop(self) -> None:
+        """The retention job (minions.retention) every MINIONS_RETENTION_INTERVAL_S, first one interval
+        after start; off with MINIONS_RETENTION_DAYS=0. Of several watchdogs, one runs it at a time."""
+        if self.settings.retention_days <= 0:
+            log.info("retention_off", reason="MINIONS_RETENTION_DAYS=0")
+            return
+        while not self._stopping.is_set():
+            await self._sleep(self.settings.retention_interval_s)
+            if self._stopping.is_set():
+                return
+            try:
+                conn = await connect(self.settings.database_url)
+                try:
+                    await run_retention(conn, self.settings.retention_days, should_stop=self._stopping.is_set)
+                finally:
+                    await conn.close()
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("retention_failed", error=str(exc))
 
     async def _collect_garbage(self) -> GcReport:
         conn = await connect(self.settings.database_url)

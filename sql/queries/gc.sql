@@ -12,3 +12,21 @@ SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1);
 
 -- name: garbage_results
 SELECT minion_gc_results AS key FROM minion_gc_results($1);
+
+-- name: retention_lock
+-- One retention run at a time across every watchdog and `minions gc --retention` (session lock,
+-- released by retention_unlock or when the connection ends).
+SELECT pg_try_advisory_lock(hashtext('minions.retention'));
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(hashtext('minions.retention'));
+
+-- name: retention_step
+-- $1 age (seconds), $2 batch size
+SELECT task_id, subtasks_deleted, attempts_deleted, task_deleted
+FROM minion_retention_step(make_interval(secs => $1), $2);
+
+-- name: retention_backlog
+-- Finished tasks older than $1 seconds and their subtasks: the job's work, for its progress.
+SELECT count(*) AS tasks, coalesce(sum(subtasks_total), 0)::bigint AS subtasks
+FROM tasks WHERE finished_at < now() - make_interval(secs => $1);
