@@ -61,6 +61,11 @@ class Settings:
                                                         "help": "age before unreferenced objects are garbage"})
     gc_interval_s: float = field(default=600.0, metadata={"env": "MINIONS_GC_INTERVAL_S",
                                                           "help": "watchdog's garbage-collection period (0: off)"})
+    compact_interval_s: float = field(default=5.0, metadata={"env": "MINIONS_COMPACT_INTERVAL_S",
+                                                             "help": "watchdog's period for compacting completed "
+                                                                     "tasks' results into parts (0: off)"})
+    result_part_bytes: int = field(default=64 * 1024**2, metadata={"env": "MINIONS_RESULT_PART_BYTES",
+                                                                   "help": "size a compacted result part grows to"})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = field(default=10.0, metadata={"env": "MINIONS_HEADER_TIMEOUT_S",
@@ -83,10 +88,10 @@ class Settings:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
-        for name in ("max_input_bytes", "max_output_bytes"):
+        for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
-        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s"):
+        for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "compact_interval_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.max_attempts < 1:

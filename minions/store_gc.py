@@ -6,7 +6,8 @@ Garbage, once older than the grace period:
   object under `inputs/` that nobody owns and no task reads;
 - outputs under `outputs/` of tasks that no longer exist, and attempts that are neither the committed
   result nor a live lease's; committed results under `results/` (the verified copies) of deleted
-  tasks, and copies no subtask names;
+  tasks, and copies no subtask names; both once their task's results are compacted into parts;
+- result parts under `parts/` that no row records (a compaction killed or beaten before recording);
 - partial writes: temp files a killed API left (local store), unfinished multipart uploads (S3).
 The database decides what is garbage; this module only lists the store and deletes."""
 
@@ -79,6 +80,7 @@ class Collector:
         await self._walk("inputs/", self._unowned_inputs)
         await self._walk("outputs/", self._garbage_outputs)
         await self._walk("results/", self._garbage_results)
+        await self._walk("parts/", self._garbage_parts)
         self._progress("done", self.report)
         return self.report
 
@@ -125,6 +127,9 @@ class Collector:
 
     async def _garbage_results(self, batch: list[ListedObject]) -> None:
         await self._judge_keys(Q.garbage_results, batch)
+
+    async def _garbage_parts(self, batch: list[ListedObject]) -> None:
+        await self._judge_keys(Q.garbage_parts, batch)
 
     async def _judge_keys(self, query: str, batch: list[ListedObject]) -> None:
         by_key = {found.key: found for found in batch}

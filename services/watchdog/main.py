@@ -13,7 +13,8 @@ from minions.runtime import install_uvloop
 from minions.services.watchdog.service import Watchdog
 
 SETTINGS = ("database_url", "lease_timeout_s", "heartbeat_interval_s", "sweep_interval_s", "listen_probe_s",
-            "store", "s3_endpoint_url", "gc_interval_s", "gc_grace_s")
+            "store", "s3_endpoint_url", "gc_interval_s", "gc_grace_s",
+            "compact_interval_s", "result_part_bytes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.listen import Listener
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.result_parts import compact_completed
 from minions.services.watchdog.deadlines import Deadlines
 from minions.store.base import StoreError
 from minions.store_gc import GcReport, collect_garbage, open_store_for
@@ -47,10 +48,11 @@ class Watchdog:
     async def run(self) -> None:
         listening = asyncio.create_task(self.listener.run(), name="watchdog-listen")
         gc = asyncio.create_task(self._gc_loop(), name="watchdog-gc")
+        compaction = asyncio.create_task(self._compact_loop(), name="watchdog-compact")
         try:
             await self._judge()
         finally:
-            for task in (gc, listening):
+            for task in (compaction, gc, listening):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -86,6 +88,30 @@ class Watchdog:
                 await store.close()
         finally:
             await conn.close()
+
+    async def _compact_loop(self) -> None:
+        """Completed tasks' results compacted into parts (minions.result_parts), every
+        MINIONS_COMPACT_INTERVAL_S; off without a store or with an interval of 0. A failed run is
+        logged and resumed next time after the parts it recorded."""
+        interval = self.settings.compact_interval_s
+        if not self.settings.store or interval <= 0:
+            return
+        while not self._stopping.is_set():
+            await self._sleep(interval)
+            if self._stopping.is_set():
+                return
+            try:
+                conn = await connect(self.settings.database_url)
+                try:
+                    store = await open_store_for(conn, self.settings.store, self.settings.s3_endpoint_url)
+                    try:
+                        await compact_completed(conn, store, part_bytes=self.settings.result_part_bytes)
+                    finally:
+                        await store.close()
+                finally:
+                    await conn.close()
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
+                log.warning("compaction_failed", error=str(exc))
 
     async def _judge(self) -> None:
         backoff = Backoff(max_s=5.0)

@@ -146,3 +146,9 @@ SELECT minion_input_use($1, $2, $3, $4);
 
 -- name: delete_task
 SELECT minion_delete_task($1);
+
+-- name: result_parts
+-- A compacted task's result parts in order; no row while it is not (fully) compacted.
+SELECT p.part, p.first_subtask, p.last_subtask, p.key, p.sha256, p.bytes, p.records
+FROM result_parts p WHERE p.task_id = $1 AND minion_task_compacted($1)
+ORDER BY p.part;

@@ -15,3 +15,6 @@ SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1);
 
 -- name: garbage_results
 SELECT minion_gc_results AS key FROM minion_gc_results($1);
+
+-- name: garbage_parts
+SELECT minion_gc_parts AS key FROM minion_gc_parts($1);
