@@ -14,11 +14,13 @@ The database decides what is garbage; this module only lists the store and delet
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import asyncpg
 
+from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
@@ -163,6 +165,21 @@ async def collect_garbage(conn: asyncpg.Connection, store: ObjectStore, *, grace
                           progress: Progress | None = None) -> GcReport:
     """One garbage collection of `store`; what it found (and, unless `dry_run`, deleted)."""
     return await Collector(conn, store, grace_s=grace_s, dry_run=dry_run, progress=progress).run()
+
+
+@asynccontextmanager
+async def connected_store(database_url: str, store_uri: str,
+                          s3_endpoint_url: str = "") -> AsyncIterator[tuple[asyncpg.Connection, ObjectStore]]:
+    """A connection and the configured store (opened as open_store_for does), both closed after."""
+    conn = await connect(database_url)
+    try:
+        store = await open_store_for(conn, store_uri, s3_endpoint_url)
+        try:
+            yield conn, store
+        finally:
+            await store.close()
+    finally:
+        await conn.close()
 
 
 async def open_store_for(conn: asyncpg.Connection, store_uri: str, s3_endpoint_url: str = "") -> ObjectStore:

@@ -97,39 +97,12 @@ CREATE FUNCTION minion_gc_parts(p_keys text[]) RETURNS SETOF text LANGUAGE sql S
        AND NOT EXISTS (SELECT 1 FROM result_parts p WHERE p.key = k)
 $$;
 
--- (Redefines 085's version.) A verified copy is garbage also once its task is compacted: its bytes
--- are in a recorded part, which is what results are read from.
-CREATE OR REPLACE FUNCTION minion_gc_results(p_keys text[]) RETURNS SETOF text LANGUAGE sql STABLE AS $$
-    SELECT r.k FROM (
-        SELECT k, m[1]::bigint AS task_id, m[2]::integer AS subtask_id
-          FROM unnest(p_keys) AS k,
-               regexp_match(k, '^results/([0-9]{1,18})/([0-9]{1,9})/([0-9]{1,9})-'
-                                  '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-'
-                                  '[0-9a-f]{16}\.jsonl$') AS m
-         WHERE m IS NOT NULL) r
-     WHERE minion_task_compacted(r.task_id)
-        OR NOT EXISTS (SELECT 1 FROM subtasks s
-                        WHERE s.task_id = r.task_id AND s.subtask_id = r.subtask_id AND s.result_key = r.k)
-$$;
-
--- (Redefines 080's version.) Outputs of a compacted task are garbage too: a compacted task is
--- completed (no live lease), and its committed bytes are in its recorded parts.
-CREATE OR REPLACE FUNCTION minion_gc_outputs(p_keys text[]) RETURNS SETOF text LANGUAGE sql STABLE AS $$
-    WITH parsed AS (
-        SELECT k, m[1]::bigint AS task_id, m[2]::integer AS subtask_id, m[4]::uuid AS token
-          FROM unnest(p_keys) AS k,
-               regexp_match(k, '^outputs/([0-9]{1,18})/([0-9]{1,9})/([0-9]{1,9})-'
-                                  '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$') AS m
-         WHERE m IS NOT NULL)
-    SELECT p.k FROM parsed p
-     WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = p.task_id)
-        OR minion_task_compacted(p.task_id)
-        OR NOT EXISTS (
-            SELECT 1 FROM subtasks s
-             WHERE s.task_id = p.task_id AND s.subtask_id = p.subtask_id
-               AND (s.output_key = p.k
-                    OR (s.state = 'leased' AND s.lease_token = p.token)
-                    OR EXISTS (SELECT 1 FROM subtask_backups b
-                                WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id
-                                  AND b.lease_token = p.token)))
+-- Garbage among per-subtask keys (`outputs/<task>/…`, `results/<task>/…`) once their task is
+-- compacted: a compacted task is completed (no live lease) and its committed bytes are in its recorded
+-- parts, which is what results are read from. The collector asks this beside minion_gc_outputs (080)
+-- and minion_gc_results (085), which judge the keys of tasks not compacted.
+CREATE FUNCTION minion_gc_compacted(p_keys text[]) RETURNS SETOF text LANGUAGE sql STABLE AS $$
+    SELECT k FROM unnest(p_keys) AS k,
+                  regexp_match(k, '^(outputs|results)/([0-9]{1,18})/[0-9]{1,9}/[0-9A-Za-z._-]+\.jsonl$') AS m
+     WHERE m IS NOT NULL AND minion_task_compacted(m[2]::bigint)
 $$;

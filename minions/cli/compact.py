@@ -11,9 +11,8 @@ import sys
 from minions import config
 from minions.cli import connection
 from minions.cli.admin import database_url
-from minions.db.connect import connect
 from minions.result_parts import Compaction, Compactor, compact_completed
-from minions.store_gc import open_store_for
+from minions.store_gc import connected_store
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,19 +36,12 @@ def compact(args: argparse.Namespace) -> int:
     store_uri = connection.server_setting(settings.store, args.data_dir, "store", "pass --store or set MINIONS_STORE")
 
     async def run() -> list[Compaction]:
-        conn = await connect(url)
-        try:
-            store = await open_store_for(conn, store_uri, settings.s3_endpoint_url)
-            try:
-                if args.task_id is not None:
-                    compactor = Compactor(conn, store, part_bytes=settings.result_part_bytes, progress=_progress)
-                    return [await compactor.compact(args.task_id)]
-                return await compact_completed(conn, store, part_bytes=settings.result_part_bytes,
-                                               limit=args.limit, progress=_progress)
-            finally:
-                await store.close()
-        finally:
-            await conn.close()
+        async with connected_store(url, store_uri, settings.s3_endpoint_url) as (conn, store):
+            if args.task_id is not None:
+                compactor = Compactor(conn, store, part_bytes=settings.result_part_bytes, progress=_progress)
+                return [await compactor.compact(args.task_id)]
+            return await compact_completed(conn, store, part_bytes=settings.result_part_bytes,
+                                           limit=args.limit, progress=_progress)
 
     reports = asyncio.run(run())
     for report in reports:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 
@@ -23,7 +24,7 @@ from minions.logging import get_logger
 from minions.result_parts import compact_completed
 from minions.services.watchdog.deadlines import Deadlines
 from minions.store.base import StoreError
-from minions.store_gc import GcReport, collect_garbage, open_store_for
+from minions.store_gc import GcReport, collect_garbage, connected_store, open_store_for
 
 Q = Queries("watchdog")
 log = get_logger(__name__)
@@ -64,10 +65,7 @@ class Watchdog:
         if not self.settings.store or interval <= 0:
             log.info("gc_off", reason="no MINIONS_STORE" if not self.settings.store else "interval 0")
             return
-        while not self._stopping.is_set():
-            await self._sleep(interval)
-            if self._stopping.is_set():
-                return
+        async for _ in self._ticks(interval):
             try:
                 report = await self._collect_garbage()
             except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
@@ -96,22 +94,21 @@ class Watchdog:
         interval = self.settings.compact_interval_s
         if not self.settings.store or interval <= 0:
             return
+        async for _ in self._ticks(interval):
+            try:
+                async with connected_store(self.settings.database_url, self.settings.store,
+                                           self.settings.s3_endpoint_url) as (conn, store):
+                    await compact_completed(conn, store, part_bytes=self.settings.result_part_bytes)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
+                log.warning("compaction_failed", error=str(exc))
+
+    async def _ticks(self, interval: float) -> AsyncIterator[None]:
+        """One tick every `interval` seconds, until the watchdog stops."""
         while not self._stopping.is_set():
             await self._sleep(interval)
             if self._stopping.is_set():
                 return
-            try:
-                conn = await connect(self.settings.database_url)
-                try:
-                    store = await open_store_for(conn, self.settings.store, self.settings.s3_endpoint_url)
-                    try:
-                        await compact_completed(conn, store, part_bytes=self.settings.result_part_bytes)
-                    finally:
-                        await store.close()
-                finally:
-                    await conn.close()
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
-                log.warning("compaction_failed", error=str(exc))
+            yield
 
     async def _judge(self) -> None:
         backoff = Backoff(max_s=5.0)

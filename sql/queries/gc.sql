@@ -11,10 +11,12 @@ SELECT uri, bytes FROM minion_gc_input_records($1, $2, $3);
 SELECT minion_gc_unowned_inputs AS uri FROM minion_gc_unowned_inputs($1);
 
 -- name: garbage_outputs
-SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1);
+SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1)
+UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 
 -- name: garbage_results
-SELECT minion_gc_results AS key FROM minion_gc_results($1);
+SELECT minion_gc_results AS key FROM minion_gc_results($1)
+UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 
 -- name: garbage_parts
 SELECT minion_gc_parts AS key FROM minion_gc_parts($1);

@@ -150,10 +150,10 @@ async def test_parts_concatenate_to_the_results_and_gc_keeps_what_they_need(
     assert all("/api/v1/store/parts/" in p["url"] for p in listing["parts"])
     assert await _sdk(client, "whole") == before
     out = tmp_path / "cli.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "minions.cli.main", "results", "search/parts/whole", "-o", str(out),
-                           "--api-url", services.api_url, "--token", client._headers["Authorization"][7:]],
-                          cwd=IMPORT_ROOT, env={**os.environ, "PYTHONPATH": str(IMPORT_ROOT)},
-                          capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-m", "minions.cli.main", "results", "search/parts/whole", "-o", str(out),
+               "--api-url", services.api_url, "--token", client._headers["Authorization"][7:]]
+    proc = await asyncio.to_thread(subprocess.run, command, cwd=IMPORT_ROOT, capture_output=True, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(IMPORT_ROOT)}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() == before and "wrote 60 results" in proc.stderr
 
@@ -244,3 +244,19 @@ async def test_results_of_a_cancelled_task_still_work_and_it_is_not_compacted(
     lines = (await _sdk(client, "stopped")).splitlines()
     assert [line.split(b'"')[3] for line in lines] == [f"s{i:04d}".encode() for i in range(40)]
     assert any(b"task cancelled" in line for line in lines)
+
+
+async def test_the_watchdog_compacts_a_completed_task_on_its_own(cluster: tuple[Services, MinionsClient]) -> None:
+    services, client = cluster
+    task_id = await _run_task(client, "watched", 30, subtask_size=3)
+    before, _ = await _stream(services, client, "watched")
+    services.extra_env["MINIONS_COMPACT_INTERVAL_S"] = "0.2"
+    services.start("watchdog")
+
+    async def compacted() -> list[dict[str, object]] | None:
+        rows = await _rows(services.database_url, "SELECT * FROM compacted_tasks WHERE task_id = $1", task_id)
+        return rows or None
+
+    rows = await eventually(compacted, "the watchdog compacts the task", 60)
+    assert rows[0]["parts"] == 1 and rows[0]["bytes"] == len(before)
+    assert await _sdk(client, "watched") == before
