@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-async def ordered(items: AsyncIterable[T], fetch: Callable[[T], Awaitable[R]], width: int) -> AsyncIterator[R]:
+async def ordered(items: AsyncIterable[T], fetch: Callable[[T], Awaitable[R]], width: int) -> AsyncGenerator[R, None]:
     """`fetch(item)` for each item, at most `width` running at once, results yielded in item order.
     An error of one fetch is raised when its turn comes; the fetches still running are cancelled
     when the caller stops early or an error is raised."""

@@ -17,6 +17,7 @@ compactor's connection takes with it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -74,29 +75,35 @@ class Compactor:
             part = 0 if last is None else last["part"] + 1
             after = -1 if last is None else last["last_subtask"]
             results = readahead.ordered(self._done_subtasks(task_id, after), self._prefetch, READ_AHEAD)
-            pending: tuple[Any, list[bytes] | None] | None = await anext(results, None)
-            while pending is not None:
-                written = await self._write_part(task_id, part, pending, results)
-                key, first, last_sub, digest, size, records, pending = written
-                if not await self.conn.fetchval(Q.record_part, task_id, part, first, last_sub, key, digest,
-                                                size, records):
-                    # Not the next part of a completed task any more (deleted meanwhile): ours is garbage.
-                    log.warning("result_part_refused", task_id=task_id, part=part, key=key)
-                    await _discard(self.store, key)
-                    return report
-                log.info("result_part_recorded", task_id=task_id, part=part, subtasks=f"{first}-{last_sub}",
-                         bytes=size)
-                report.parts += 1
-                report.bytes += size
-                report.subtasks += last_sub - first + 1
-                self._progress(report)
-                part += 1
-            report.done = bool(await self.conn.fetchval(Q.finish_compaction, task_id))
-            if report.done:
-                log.info("task_compacted", task_id=task_id, parts=report.parts, bytes=report.bytes)
-            return report
+            async with contextlib.aclosing(results):  # its reads ahead end with the compaction
+                return await self._compact_from(report, part, results)
         finally:
             await self.conn.fetchval(Q.unlock_task, task_id)
+
+    async def _compact_from(self, report: Compaction, part: int,
+                            results: AsyncIterator[tuple[Any, list[bytes] | None]]) -> Compaction:
+        task_id = report.task_id
+        pending: tuple[Any, list[bytes] | None] | None = await anext(results, None)
+        while pending is not None:
+            written = await self._write_part(task_id, part, pending, results)
+            key, first, last_sub, digest, size, records, pending = written
+            if not await self.conn.fetchval(Q.record_part, task_id, part, first, last_sub, key, digest,
+                                            size, records):
+                # Not the next part of a completed task any more (deleted meanwhile): ours is garbage.
+                log.warning("result_part_refused", task_id=task_id, part=part, key=key)
+                await _discard(self.store, key)
+                return report
+            log.info("result_part_recorded", task_id=task_id, part=part, subtasks=f"{first}-{last_sub}",
+                     bytes=size)
+            report.parts += 1
+            report.bytes += size
+            report.subtasks += last_sub - first + 1
+            self._progress(report)
+            part += 1
+        report.done = bool(await self.conn.fetchval(Q.finish_compaction, task_id))
+        if report.done:
+            log.info("task_compacted", task_id=task_id, parts=report.parts, bytes=report.bytes)
+        return report
 
     async def _done_subtasks(self, task_id: int, after: int) -> AsyncIterator[Any]:
         while True:

@@ -5,10 +5,11 @@ SELECT minion_tasks_to_compact AS task_id FROM minion_tasks_to_compact($1);
 
 -- name: try_lock_task
 -- One compactor per task at a time; a session lock, so a killed compactor's lock goes with its connection.
-SELECT pg_try_advisory_lock(21014, $1::integer);
+-- (Ids past 2^31 share a key with a smaller one: at worst one waits for the next round.)
+SELECT pg_try_advisory_lock(21014, ($1::bigint % 2147483647)::integer);
 
 -- name: unlock_task
-SELECT pg_advisory_unlock(21014, $1::integer);
+SELECT pg_advisory_unlock(21014, ($1::bigint % 2147483647)::integer);
 
 -- name: last_part
 SELECT part, last_subtask FROM result_parts WHERE task_id = $1 ORDER BY part DESC LIMIT 1;
