@@ -80,6 +80,11 @@ class Settings:
                                      "age of finished tasks the retention job deletes (0: off)", {WATCHDOG})
     retention_interval_s: float = _setting(3600.0, "MINIONS_RETENTION_INTERVAL_S", "watchdog's retention-job period",
                                            {WATCHDOG})
+    compact_interval_s: float = _setting(5.0, "MINIONS_COMPACT_INTERVAL_S",
+                                         "watchdog's period for compacting completed tasks' results into parts (0: off)",
+                                         {WATCHDOG})
+    result_part_bytes: int = _setting(64 * 1024**2, "MINIONS_RESULT_PART_BYTES",
+                                      "size a compacted result part grows to", {WATCHDOG})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
@@ -105,13 +110,13 @@ class Settings:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
-        for name in ("max_input_bytes", "max_output_bytes"):
+        for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
-                     "inline_output_bytes", "retention_days"):
+                     "inline_output_bytes", "retention_days", "compact_interval_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.retention_interval_s <= 0:

@@ -6,21 +6,25 @@ Garbage, once older than the grace period:
   object under `inputs/` that nobody owns and no task reads;
 - outputs under `outputs/` of tasks that no longer exist, and attempts that are neither the committed
   result nor a live lease's; committed results under `results/` (the verified copies) of deleted
-  tasks, and copies no subtask names;
+  tasks, and copies no subtask names; both once their task's results are compacted into parts;
+- result parts under `parts/` that no row records (a compaction killed or beaten before recording);
 - partial writes: temp files a killed API left (local store), unfinished multipart uploads (S3).
 The database decides what is garbage; this module only lists the store and deletes."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import asyncpg
 
+from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
+from minions.store.factory import open_store
 
 Q = Queries("gc")
 log = get_logger(__name__)
@@ -78,6 +82,7 @@ class Collector:
         await self._walk("inputs/", self._unowned_inputs)
         await self._walk("outputs/", self._garbage_outputs)
         await self._walk("results/", self._garbage_results)
+        await self._walk("parts/", self._garbage_parts)
         self._progress("done", self.report)
         return self.report
 
@@ -125,6 +130,9 @@ class Collector:
     async def _garbage_results(self, batch: list[ListedObject]) -> None:
         await self._judge_keys(Q.garbage_results, batch)
 
+    async def _garbage_parts(self, batch: list[ListedObject]) -> None:
+        await self._judge_keys(Q.garbage_parts, batch)
+
     async def _judge_keys(self, query: str, batch: list[ListedObject]) -> None:
         by_key = {found.key: found for found in batch}
         for row in await self.conn.fetch(query, list(by_key)):
@@ -157,3 +165,19 @@ async def collect_garbage(conn: asyncpg.Connection, store: ObjectStore, *, grace
                           progress: Progress | None = None) -> GcReport:
     """One garbage collection of `store`; what it found (and, unless `dry_run`, deleted)."""
     return await Collector(conn, store, grace_s=grace_s, dry_run=dry_run, progress=progress).run()
+
+
+@asynccontextmanager
+async def connected_store(database_url: str, store_uri: str,
+                          s3_endpoint_url: str = "") -> AsyncIterator[tuple[asyncpg.Connection, ObjectStore]]:
+    """A connection and the configured store (to read, list and delete: no URL is signed here), both
+    closed after."""
+    conn = await connect(database_url)
+    try:
+        store = open_store(store_uri, s3_endpoint_url=s3_endpoint_url)
+        try:
+            yield conn, store
+        finally:
+            await store.close()
+    finally:
+        await conn.close()

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("minions.cli.admin", "API tokens (token create, list, revoke)"),
     "delete": ("minions.cli.storage", "delete a finished task (its input and results are then garbage)"),
     "gc": ("minions.cli.storage", "delete garbage from the object store (--dry-run says what first)"),
+    "compact": ("minions.cli.compact", "compact completed tasks' results into large parts now"),
     "team": ("minions.cli.storage", "team settings kept by operators (team allow-input, inputs)"),
     "psql": ("minions.cli.admin", "psql on the database; arguments after it pass through (-c \"...\")"),
 }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from minions.cli.client_command import client_command
 from minions.cli.progress import ProgressBar
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
+from minions.sdk.parts import PartCorrupted
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -271,13 +273,34 @@ async def results(args: argparse.Namespace) -> int:
                 return 0
             lines = 0
             with args.output.open("wb") as out:
-                async for chunk in client.results(team, project, name, partial=args.partial):
+                async for chunk in client.results(team, project, name, partial=args.partial,
+                                                  progress=_download_progress()):
                     lines += chunk.count(b"\n")
                     await asyncio.to_thread(out.write, chunk)
         except MinionsError as exc:
             raise _cli_hint(exc) from None
+        except PartCorrupted as exc:  # never written as if whole: the command fails
+            raise SystemExit(f"minions: results of {args.task} are corrupted in the store: {exc}") from None
         print(f"wrote {lines:,} results to {args.output}", file=sys.stderr)
     return 0
+
+
+def _download_progress() -> Callable[[int, int], None]:
+    """Bytes of result parts fetched so far, on stderr (a line a second when it is not a terminal)."""
+    last = 0.0
+
+    def show(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < (0.2 if sys.stderr.isatty() else 1.0) and done < total:
+            return
+        last = now
+        line = f"results: {done:,} of {total:,} bytes ({100 * done / max(total, 1):.0f}%)"
+        sys.stderr.write("\r\x1b[2K" + line + ("\n" if done >= total else "") if sys.stderr.isatty()
+                         else line + "\n")
+        sys.stderr.flush()
+
+    return show
 
 
 async def cancel(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from minions.backoff import Backoff
 from minions.retry_after import retry_after_s
 from minions.sdk.inputs import Body, InputSource, jsonl_body
 from minions.sdk.objects import Result, Task, result_from_json
+from minions.sdk.parts import Progress, fetch_parts
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 TaskRef = Task | str  # a Task, or "team/project/name"
@@ -216,9 +217,17 @@ class MinionsClient:
         """Delete a finished task; its input and results are then garbage-collected."""
         await self._request("DELETE", f"/api/v1/tasks/{team}/{project}/{name}")
 
-    async def results(self, team: str, project: str, name: str, *, partial: bool = False
-                      ) -> AsyncIterator[bytes]:
-        """The results stream, chunk by chunk (JSONL)."""
+    async def results(self, team: str, project: str, name: str, *, partial: bool = False,
+                      progress: Progress | None = None) -> AsyncIterator[bytes]:
+        """The results, chunk by chunk (JSONL). A compacted task's come as its parts, fetched straight
+        from the object store and each verified (minions.sdk.parts; `progress(bytes, total)` follows
+        them); otherwise, or for `partial`, the API's stream."""
+        if not partial:
+            listing = await self.result_parts(team, project, name)
+            if listing is not None and listing["compacted"]:
+                async for chunk in fetch_parts(listing, self._timeout, progress):
+                    yield chunk
+                return
         params = {"partial": "true"} if partial else None
         resp = await self._send("GET", f"/api/v1/tasks/{team}/{project}/{name}/results", params=params)
         async with resp:
@@ -226,6 +235,17 @@ class MinionsClient:
                 raise _error(resp.status, await resp.read())
             async for chunk in resp.content.iter_chunked(1 << 16):
                 yield chunk
+
+    async def result_parts(self, team: str, project: str, name: str) -> dict[str, Any] | None:
+        """The `?format=parts` listing of a finished task; None from a server that predates it."""
+        try:
+            listing: dict[str, Any] = await self._request(
+                "GET", f"/api/v1/tasks/{team}/{project}/{name}/results", params={"format": "parts"})
+        except MinionsError as exc:
+            if exc.status == 400 and "format" in exc.fields:
+                return None
+            raise
+        return listing
 
     async def upload_input(self, chunks: AsyncIterator[bytes] | bytes, *, sha256: str | None = None) -> str:
         """Upload JSONL; with `sha256` (of the whole body) it is stored under that hash, so the same

@@ -375,6 +375,23 @@ def _response_schemas() -> dict[str, Schema]:
             "next": _nullable({"type": "string", "description": "Cursor of the next page; null on the last."}),
         }),
         "InputUpload": _object({"uri": {"type": "string"}, "bytes": {"type": "integer", "minimum": 1}}),
+        "ResultParts": _object({
+            "compacted": {"type": "boolean", "description": "False: no parts (yet, or ever for a failed or "
+                                                            "cancelled task); read the JSONL stream."},
+            "expires_in_s": {"type": "integer", "description": "How long the part URLs work."},
+            "records": {"type": "integer", "minimum": 0},
+            "bytes": {"type": "integer", "minimum": 0},
+            "parts": {"type": "array", "items": _object({
+                "part": {"type": "integer", "minimum": 0},
+                "url": {"type": "string", "description": "A presigned GET straight to the object store."},
+                "bytes": {"type": "integer", "minimum": 0},
+                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                           "description": "Of the part's bytes: check it before using them."},
+                "records": {"type": "integer", "minimum": 0},
+                "first_subtask": {"type": "integer", "minimum": 0},
+                "last_subtask": {"type": "integer", "minimum": 0},
+            })},
+        }),
         "Executor": _object({
             "id": {"type": "string", "format": "uuid"},
             "name": {"type": "string"},
@@ -520,22 +537,27 @@ def _paths() -> dict[str, Schema]:
                 "parameters": [_query_param("partial", {"type": "string", "default": "false"},
                                             "`true` (or `1`, `yes`; any case) streams what is committed so far, "
                                             "before the task ends; any other value is false."),
-                               _query_param("format", {"type": "string", "enum": ["jsonl", "npy"], "default": "jsonl"},
+                               _query_param("format", {"type": "string", "enum": ["jsonl", "npy", "parts"],
+                                                       "default": "jsonl"},
                                             "`npy`: an embedding task's vectors as one NumPy array (float32, "
                                             "little-endian, one row per input record, NaN rows for records "
-                                            "with no vector), once the task has ended.")],
+                                            "with no vector), once the task has ended. `parts`: a completed "
+                                            "task's results as presigned GETs of a few large parts (JSON), "
+                                            "whose concatenation is the JSONL stream.")],
                 "responses": _responses(
                     {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
                                             "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`; "
-                                            "with `format=npy`, a .npy file.",
+                                            "with `format=npy`, a .npy file; with `format=parts`, the "
+                                            "`ResultParts` listing.",
                              "content": {NDJSON: {"schema": {"type": "string"}},
                                          "application/octet-stream": {"schema": {"type": "string",
-                                                                                 "format": "binary"}}}}},
+                                                                                 "format": "binary"}},
+                                         JSON: {"schema": _ref("ResultParts")}}}},
                     _AUTHED, **task_errors,
                     e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
                          "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
                          "vector (`no_vectors`).",
-                    e422="`format` is not `jsonl` or `npy`.",
+                    e422="`format` is not `jsonl`, `npy` or `parts`.",
                 ),
             },
         },

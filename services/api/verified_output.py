@@ -93,6 +93,24 @@ async def _pieces(data: bytes, size: int = 1024 * 1024) -> AsyncIterator[bytes]:
     for start in range(0, len(data), size):
         yield data[start:start + size]
 
+async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
+    """A done subtask's committed result (a row with output_key, result_key, result_sha256,
+    result_bytes): the verified copy made at complete, served only if it still holds the bytes
+    verified then. A result committed before verified copies existed (result_key NULL) is read from
+    its attempt's output, as it was then."""
+    if sub["result_key"] is None:
+        async for chunk in store.read(store.uri_for(sub["output_key"])):
+            yield chunk
+        return
+    async for chunk in read_verified(store, store.uri_for(sub["result_key"]), sub["result_bytes"],
+                                     sub["result_sha256"]):
+        yield chunk
+
+
+def committed_uri(store: ObjectStore, sub: Any) -> str:
+    """The object a done subtask's result is read from (for logs)."""
+    return store.uri_for(sub["result_key"] if sub["result_key"] is not None else sub["output_key"])
+
 
 async def read_verified(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:
     """The bytes of a committed result, each sent only after the whole object matched `size` and

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 
@@ -25,11 +26,11 @@ from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.listen import Listener
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.result_parts import compact_completed
 from minions.retention import run_retention
 from minions.services.watchdog.deadlines import Deadlines
 from minions.store.base import StoreError
-from minions.store.factory import open_store
-from minions.store_gc import GcReport, collect_garbage
+from minions.store_gc import GcReport, collect_garbage, connected_store
 
 Q = Queries("watchdog")
 log = get_logger(__name__)
@@ -57,10 +58,11 @@ class Watchdog:
         listening = asyncio.create_task(self.listener.run(), name="watchdog-listen")
         gc = asyncio.create_task(self._gc_loop(), name="watchdog-gc")
         retention = asyncio.create_task(self._retention_loop(), name="watchdog-retention")
+        compaction = asyncio.create_task(self._compact_loop(), name="watchdog-compact")
         try:
             await self._judge()
         finally:
-            for task in (retention, gc, listening):
+            for task in (compaction, retention, gc, listening):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -72,10 +74,7 @@ class Watchdog:
         if not self.settings.store or interval <= 0:
             log.info("gc_off", reason="no MINIONS_STORE" if not self.settings.store else "interval 0")
             return
-        while not self._stopping.is_set():
-            await self._sleep(interval)
-            if self._stopping.is_set():
-                return
+        async for _ in self._ticks(interval):
             try:
                 report = await self._collect_garbage()
             except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
@@ -92,10 +91,7 @@ class Watchdog:
         if self.settings.retention_days <= 0:
             log.info("retention_off", reason="MINIONS_RETENTION_DAYS=0")
             return
-        while not self._stopping.is_set():
-            await self._sleep(self.settings.retention_interval_s)
-            if self._stopping.is_set():
-                return
+        async for _ in self._ticks(self.settings.retention_interval_s):
             try:
                 conn = await connect(self.settings.database_url)
                 try:
@@ -106,15 +102,32 @@ class Watchdog:
                 log.warning("retention_failed", error=str(exc))
 
     async def _collect_garbage(self) -> GcReport:
-        conn = await connect(self.settings.database_url)
-        try:
-            store = open_store(self.settings.store, s3_endpoint_url=self.settings.s3_endpoint_url)
+        async with connected_store(self.settings.database_url, self.settings.store,
+                                   self.settings.s3_endpoint_url) as (conn, store):
+            return await collect_garbage(conn, store, grace_s=self.settings.gc_grace_s)
+
+    async def _compact_loop(self) -> None:
+        """Completed tasks' results compacted into parts (minions.result_parts), every
+        MINIONS_COMPACT_INTERVAL_S; off without a store or with an interval of 0. A failed run is
+        logged and resumed next time after the parts it recorded."""
+        interval = self.settings.compact_interval_s
+        if not self.settings.store or interval <= 0:
+            return
+        async for _ in self._ticks(interval):
             try:
-                return await collect_garbage(conn, store, grace_s=self.settings.gc_grace_s)
-            finally:
-                await store.close()
-        finally:
-            await conn.close()
+                async with connected_store(self.settings.database_url, self.settings.store,
+                                           self.settings.s3_endpoint_url) as (conn, store):
+                    await compact_completed(conn, store, part_bytes=self.settings.result_part_bytes)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
+                log.warning("compaction_failed", error=str(exc))
+
+    async def _ticks(self, interval: float) -> AsyncIterator[None]:
+        """One tick every `interval` seconds, until the watchdog stops."""
+        while not self._stopping.is_set():
+            await self._sleep(interval)
+            if self._stopping.is_set():
+                return
+            yield
 
     async def _judge(self) -> None:
         backoff = Backoff(max_s=5.0)

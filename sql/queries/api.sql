@@ -158,3 +158,9 @@ SELECT * FROM minion_fail_batch($1, $2, $3);
 
 -- name: release_batch
 SELECT * FROM minion_release_batch($1);
+
+-- name: result_parts
+-- A compacted task's result parts in order; no row while it is not (fully) compacted.
+SELECT p.part, p.first_subtask, p.last_subtask, p.key, p.sha256, p.bytes, p.records
+FROM result_parts p WHERE p.task_id = $1 AND minion_task_compacted($1)
+ORDER BY p.part;

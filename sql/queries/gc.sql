@@ -8,10 +8,12 @@ SELECT uri, bytes FROM minion_gc_input_records($1, $2, $3);
 SELECT minion_gc_unowned_inputs AS uri FROM minion_gc_unowned_inputs($1);
 
 -- name: garbage_outputs
-SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1);
+SELECT minion_gc_outputs AS key FROM minion_gc_outputs($1)
+UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 
 -- name: garbage_results
-SELECT minion_gc_results AS key FROM minion_gc_results($1);
+SELECT minion_gc_results AS key FROM minion_gc_results($1)
+UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 
 -- name: retention_lock
 -- One retention run at a time across every watchdog and `minions gc --retention` (session lock,
@@ -30,3 +32,6 @@ FROM minion_retention_step(make_interval(secs => $1), $2);
 -- Finished tasks older than $1 seconds and their subtasks: the job's work, for its progress.
 SELECT count(*) AS tasks, coalesce(sum(subtasks_total), 0)::bigint AS subtasks
 FROM tasks WHERE finished_at < now() - make_interval(secs => $1);
+
+-- name: garbage_parts
+SELECT minion_gc_parts AS key FROM minion_gc_parts($1);

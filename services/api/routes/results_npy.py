@@ -17,7 +17,7 @@ from minions.services.api.errors import ApiError, conflict, invalid
 from minions.services.api.openai.lines import lines_of
 from minions.services.api.routes import tasks as task_routes
 
-FORMATS = ("jsonl", "npy")
+FORMATS = ("jsonl", "npy", "parts")  # parts: answered by tasks.py before this module
 
 
 def npy_header(rows: int, dims: int) -> bytes:

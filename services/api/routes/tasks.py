@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from minions import jsoncodec
+from minions import jsoncodec, readahead
 from minions.db.queries import Queries
 from minions.kinds import TASK_STATUSES
 from minions.logging import get_logger
@@ -31,7 +31,13 @@ from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.submission_body import THREAD_ABOVE, read_submission
 from minions.services.api.validation import TaskRequest, validate_task
-from minions.services.api.verified_output import ResultCorrupted, read_verified
+from minions.services.api.verified_output import (
+    VERIFY_IN_MEMORY,
+    ResultCorrupted,
+    committed_uri,
+    read_committed,
+    read_verified,
+)
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
@@ -39,6 +45,8 @@ log = get_logger(__name__)
 routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 RESULT_PAGE = 200
+RESULT_READ_AHEAD = 16  # committed results read at once while streaming (each ≤ VERIFY_IN_MEMORY held)
+PART_URL_S = 3600.0  # how long the presigned URLs of ?format=parts work
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -223,6 +231,8 @@ async def delete_task(request: web.Request) -> web.Response:
 async def task_results(request: web.Request) -> web.StreamResponse:
     principal = require(request, "user")
     row = await task_row(request, principal)
+    if request.query.get("format") == "parts":
+        return await _result_parts(request, row)
     if (request.query.get("format") or "jsonl") != "jsonl":  # ?format=npy: vectors as one array
         from minions.services.api.routes import results_npy  # late: it reads this module's results
         return await results_npy.respond(request, row)
@@ -245,24 +255,43 @@ async def task_results(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def _result_parts(request: web.Request, task: Any) -> web.Response:
+    """`?format=parts`: a compacted task's results as presigned GETs of its parts, in order, each with
+    the SHA-256 and size the client checks. Not compacted (yet, or ever: failed and cancelled tasks
+    are not): `compacted` false and no parts; the JSONL stream serves the results."""
+    if task["finished_at"] is None:
+        raise conflict("not_finished", f"task is {task['status']}; results are ready when it ends")
+    store = request.app[STORE]
+    parts = await request.app[POOL].fetch(Q.result_parts, task["id"])
+    urls = await asyncio.gather(*(store.presign_get(store.uri_for(p["key"]), PART_URL_S) for p in parts))
+    return json_response({
+        "compacted": bool(parts),
+        "expires_in_s": int(PART_URL_S),
+        "records": sum(p["records"] for p in parts),
+        "bytes": sum(p["bytes"] for p in parts),
+        "parts": [{"part": p["part"], "url": url, "bytes": p["bytes"], "sha256": p["sha256"].hex(),
+                   "records": p["records"], "first_subtask": p["first_subtask"],
+                   "last_subtask": p["last_subtask"]} for p, url in zip(parts, urls, strict=True)],
+    })
+
+
 async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes]:
-    """Committed outputs in input order, a page of subtasks at a time (constant memory)."""
+    """Committed outputs in input order: a compacted task's parts, else a page of subtasks at a time,
+    the next few results read ahead while one is sent (bounded memory)."""
     pool, store = request.app[POOL], request.app[STORE]
-    after = -1
-    while True:
-        page = await pool.fetch(Q.result_subtasks, task["id"], after, RESULT_PAGE)
-        if not page:
-            break
-        for sub in page:
-            after = sub["subtask_id"]
-            if sub["state"] == "done":
-                async for chunk in _read_output(store, sub):
-                    yield chunk
-            elif sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
-                reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
-                async for line in _error_lines(store, task, sub["byte_start"], sub["byte_end"],
-                                               redact(reason or "failed")):
-                    yield line
+    parts = await pool.fetch(Q.result_parts, task["id"])
+    if parts:
+        for part in parts:
+            async for chunk in _read_checked(store, store.uri_for(part["key"]),
+                                             read_verified(store, store.uri_for(part["key"]), part["bytes"],
+                                                           part["sha256"])):
+                yield chunk
+        return
+    pieces = readahead.ordered(_subtask_pages(pool, task), functools.partial(_result_piece, store, task),
+                               RESULT_READ_AHEAD)
+    async for piece in pieces:
+        async for chunk in piece:
+            yield chunk
     if task["status"] == "cancelled":
         # Cancelled mid-split: the input past the split never became subtasks; its records still
         # get their line, so results hold one line per input record.
@@ -272,16 +301,38 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
                 yield line
 
 
-async def _read_output(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
-    """A done subtask's committed result: the verified copy made at complete, served only if it still
-    holds the bytes verified then. A result committed before verified copies existed (result_key
-    NULL) is served from its attempt's output, as it was then."""
-    if sub["result_key"] is None:
-        uri = store.uri_for(sub["output_key"])
-        chunks = store.read(uri)
-    else:
-        uri = store.uri_for(sub["result_key"])
-        chunks = read_verified(store, uri, sub["result_bytes"], sub["result_sha256"])
+async def _subtask_pages(pool: Any, task: Any) -> AsyncIterator[Any]:
+    after = -1
+    while True:
+        page = await pool.fetch(Q.result_subtasks, task["id"], after, RESULT_PAGE)
+        for sub in page:
+            yield sub
+        if len(page) < RESULT_PAGE:
+            return
+        after = page[-1]["subtask_id"]
+
+
+async def _result_piece(store: ObjectStore, task: Any, sub: Any) -> AsyncIterator[bytes]:
+    """One subtask's share of the results. A small committed result is read (and verified) now, ahead
+    of its turn; a large one, error lines and nothing at all are produced at their turn."""
+    if sub["state"] == "done":
+        chunks = _read_checked(store, committed_uri(store, sub), read_committed(store, sub))
+        if sub["result_bytes"] is not None and sub["result_bytes"] <= VERIFY_IN_MEMORY:
+            return _each([chunk async for chunk in chunks])
+        return chunks
+    if sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
+        reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
+        return _error_lines(store, task, sub["byte_start"], sub["byte_end"], redact(reason or "failed"))
+    return _each([])
+
+
+async def _each(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _read_checked(store: ObjectStore, uri: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks` of a committed result or part, with what went wrong logged."""
     try:
         async for chunk in chunks:
             yield chunk
