@@ -81,7 +81,8 @@ class Settings:
     retention_interval_s: float = _setting(3600.0, "MINIONS_RETENTION_INTERVAL_S", "watchdog's retention-job period",
                                            {WATCHDOG})
     compact_interval_s: float = _setting(5.0, "MINIONS_COMPACT_INTERVAL_S",
-                                         "watchdog's period for compacting completed tasks' results into parts (0: off)",
+                                         "watchdog's period for compacting completed tasks' results into parts "
+                                         "(0: off)",
                                          {WATCHDOG})
     result_part_bytes: int = _setting(64 * 1024**2, "MINIONS_RESULT_PART_BYTES",
                                       "size a compacted result part grows to", {WATCHDOG})

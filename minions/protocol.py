@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from minions.records import KINDS
+from minions.kinds import KINDS
 
 MAX_NUMBER = 2**31 - 1  # what the database's integer columns hold
 MAX_TOKENS = 1000  # leases named in one heartbeat or one batched request

@@ -21,7 +21,7 @@ from minions.names import NAME, is_name
 from minions.records import parse_line
 from minions.redaction import redact
 from minions.services.api import inputs
-from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
+from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
