@@ -14,6 +14,8 @@ KINDS: Final = ("embedding", "completion", "sleep")
 TASK_STATUSES: Final = ("submitted", "splitting", "queued", "running", "completed", "failed", "cancelled")
 # A task in one of these has ended: it changes no more (its finished_at is set).
 FINISHED_TASK_STATUSES: Final = ("completed", "failed", "cancelled")
+# A task in one of these has no subtasks yet: the splitter (or a small submission) has not split it.
+UNSPLIT_TASK_STATUSES: Final = ("submitted", "splitting")
 SUBTASK_STATES: Final = ("pending", "leased", "done", "failed", "cancelled")
 # Records per subtask when a submission gives none: a completion record costs far more than an
 # embedding one, so it is cut smaller to keep a lease short.

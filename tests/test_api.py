@@ -280,6 +280,7 @@ async def test_meta_lists_the_kinds_params_and_statuses_the_server_checks(api: A
     assert meta["kinds"]["embedding"]["params"]["pooling"] == {"type": "string", "choices": ["mean", "cls"],
                                                                "default": "mean"}
     assert meta["finished_task_statuses"] == ["completed", "failed", "cancelled"]
+    assert meta["unsplit_task_statuses"] == ["submitted", "splitting"]
     # What it says is what a submission is held to: the bound it names is the one the server applies.
     limit = meta["kinds"]["embedding"]["params"]["max_length"]["maximum"]
     for max_length, status in ((limit, 201), (limit + 1, 422)):

@@ -281,6 +281,7 @@ def _meta_schema() -> Schema:
                   "description": "Each kind (" + ", ".join(KINDS) + ") by name."},
         "task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
         "finished_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
+        "unsplit_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
         "subtask_states": {"type": "array", "items": {"type": "string", "enum": list(SUBTASK_STATES)}},
     })
 

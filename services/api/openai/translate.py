@@ -16,11 +16,14 @@ from typing import Any, Final
 
 import orjson
 
-from minions.kinds import PARAMS
+from minions.kinds import PARAMS, Param
 
 ENDPOINT_KIND: Final = {"/v1/embeddings": "embedding", "/v1/chat/completions": "completion",
                         "/v1/completions": "completion"}
 DEFAULT_MAX_TOKENS: Final = PARAMS["completion"]["max_tokens"].default  # the completion runners' own
+_MAX_TOKENS: Final = PARAMS["completion"]["max_tokens"]
+_SEED: Final = PARAMS["completion"]["seed"]
+_TEMPERATURE: Final = Param("number", 0, 2)  # OpenAI's bound, narrower than the runners' own (PARAMS)
 MAX_ERRORS: Final = 100  # validation errors kept per batch; the count says how many more there were
 ROLE_MAP: Final = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                    "tool": "tool"}
@@ -114,19 +117,22 @@ def _sampling(body: dict[str, Any], max_field: str | None) -> dict[str, Any]:
         raise LineError("unsupported_parameter", "body.stream is not supported in a batch", "body.stream")
     temperature = body.get("temperature")
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
-            raise LineError("invalid_request", "body.temperature must be a number from 0 to 2", "body.temperature")
+        problem = _TEMPERATURE.problem(temperature)
+        if problem is not None:
+            raise LineError("invalid_request", f"body.temperature {problem}", "body.temperature")
         params["temperature"] = temperature
     for name in ("max_tokens", max_field):
         value = body.get(name) if name else None
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 131072:
-                raise LineError("invalid_request", f"body.{name} must be an integer from 1 to 131072", f"body.{name}")
+            problem = _MAX_TOKENS.problem(value)
+            if problem is not None:
+                raise LineError("invalid_request", f"body.{name} {problem}", f"body.{name}")
             params["max_tokens"] = value
     seed = body.get("seed")
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
-            raise LineError("invalid_request", "body.seed must be an integer", "body.seed")
+        problem = _SEED.problem(seed)
+        if problem is not None:
+            raise LineError("invalid_request", f"body.seed {problem}", "body.seed")
         params["seed"] = seed
     return params
 

@@ -10,7 +10,15 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.kinds import DEFAULT_SUBTASK_SIZE, FINISHED_TASK_STATUSES, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES
+from minions.kinds import (
+    DEFAULT_SUBTASK_SIZE,
+    FINISHED_TASK_STATUSES,
+    KINDS,
+    PARAMS,
+    SUBTASK_STATES,
+    TASK_STATUSES,
+    UNSPLIT_TASK_STATUSES,
+)
 
 routes = web.RouteTableDef()
 PATH = "/api/v1/meta"
@@ -23,6 +31,7 @@ def meta_document() -> dict[str, Any]:
                   for kind in KINDS},
         "task_statuses": list(TASK_STATUSES),
         "finished_task_statuses": list(FINISHED_TASK_STATUSES),
+        "unsplit_task_statuses": list(UNSPLIT_TASK_STATUSES),
         "subtask_states": list(SUBTASK_STATES),
     }
 

@@ -88,5 +88,8 @@ export function loadMeta() {
 /** Whether a task has ended (it changes no more). */
 export const isFinished = (status) => meta.finished_task_statuses.includes(status);
 
+/** Whether a task is not split yet (it has no subtasks to show). */
+export const isUnsplit = (status) => meta.unsplit_task_statuses.includes(status);
+
 export const taskPath = (team, project, name) =>
   `/api/v1/tasks/${encodeURIComponent(team)}/${encodeURIComponent(project)}/${encodeURIComponent(name)}`;

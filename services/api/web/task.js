@@ -1,7 +1,7 @@
 // #/tasks/{team}/{project}/{name}: one task, live: progress, subtask map, attempts, executors,
 // a results preview and the download.
 
-import { api, ApiError, isFinished, taskPath } from "./api.js";
+import { api, ApiError, isFinished, isUnsplit, taskPath } from "./api.js";
 import {
   clear, emptyState, fmtAgo, fmtBytes, fmtClock, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, kv, pill,
   progressBar, secondsBetween, secondsSince, stat, taskElapsed, taskRate, toast,
@@ -167,7 +167,7 @@ export function taskView(ctx, team, project, name) {
     const eta = task.status === "running" && rate > 0 ? remaining / rate : null;
     const attempts = subtasks.reduce((n, sub) => n + sub.history.filter((a) => a.outcome !== "running").length, 0);
     const retries = subtasks.reduce((n, sub) => n + sub.history.filter((a) => PROBLEM_OUTCOMES.has(a.outcome)).length, 0);
-    const waiting = ["submitted", "splitting"].includes(task.status);
+    const waiting = isUnsplit(task.status);
     clear(progressHost,
       h("div.progress-top",
         h("div.progress-figure",
@@ -193,7 +193,7 @@ export function taskView(ctx, team, project, name) {
   // ---- subtask map ----
   function renderMap() {
     if (!subtasks.length) {
-      clear(mapHost, h("p.muted.empty-inline", ["submitted", "splitting"].includes(task.status)
+      clear(mapHost, h("p.muted.empty-inline", isUnsplit(task.status)
         ? "The splitter is cutting the input into subtasks…" : "No subtasks."));
       return;
     }

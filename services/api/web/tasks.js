@@ -1,6 +1,6 @@
 // #/tasks: every task with live progress, filtered by status, team and project.
 
-import { api, isFinished, meta } from "./api.js";
+import { api, isFinished, isUnsplit, meta } from "./api.js";
 import {
   clear, emptyState, fmtAgo, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, pill, progressBar, stat,
   taskElapsed, taskHref, taskRate,
@@ -101,7 +101,7 @@ export function tasksView(ctx) {
     const online = executors ? executors.filter((e) => e.status === "busy" || e.status === "idle").length : null;
     const busy = executors ? executors.filter((e) => e.status === "busy").length : null;
     clear(statsEl,
-      stat("Active tasks", fmtInt(active), `${count("running")} running · ${count("queued") + count("submitted") + count("splitting")} waiting`, { tone: "blue" }),
+      stat("Active tasks", fmtInt(active), `${count("running")} running · ${tasks.filter((t) => t.status === "queued" || isUnsplit(t.status)).length} waiting`, { tone: "blue" }),
       stat("Throughput", running.length ? `${fmtRate(throughput)}` : "—", running.length ? "records per second" : "nothing running"),
       stat("Completed", fmtInt(count("completed")), `${fmtInt(count("failed"))} failed · ${fmtInt(count("cancelled"))} cancelled`, { tone: "green" }),
       h("a.stat-link", { href: "#/executors" },
