@@ -35,6 +35,8 @@ chaos: install
 	MINIONS_CHAOS=long $(PY) -m pytest -q tests/chaos
 
 bench: install
+	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
+	$(PY) -m pip install --quiet -e '.[agent,dev,bench]'
 	$(PY) bench/claim.py
 	$(PY) bench/embed_agent.py
 	$(PY) bench/complete_agent.py
@@ -42,6 +44,10 @@ bench: install
 	$(PY) bench/verify_output.py
 	$(PY) bench/inline_submit.py
 	$(PY) bench/cli_help.py --minions $(VENV)/bin/minions
+	$(PY) bench/drain.py --subtasks 20000 --runs 3
+	$(PY) bench/results.py --subtasks 10000 --records 20 --rounds 3
+	# needs HAProxy (apt-get install haproxy, as .ci/run does)
+	$(PY) bench/fleet.py --executors 1000 3000
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache
