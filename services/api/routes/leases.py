@@ -184,10 +184,12 @@ async def complete_batch(request: web.Request) -> web.Response:
 
 def _in_lock_order(items: list[_Completing]) -> list[_Completing]:
     """By (task, subtask): two batches then lock subtask and task rows in the same order."""
-    def key(done: _Completing) -> tuple[int, int, str]:
-        live = done.lease.live
-        return (live["task_id"], live["subtask_id"], done.lease.raw) if live is not None else (0, 0, done.lease.raw)
-    return sorted(items, key=key)
+    return sorted(items, key=lambda done: _lock_key(done.lease))
+
+
+def _lock_key(lease: _Lease) -> tuple[int, int, str]:
+    live = lease.live
+    return (live["task_id"], live["subtask_id"], lease.raw) if live is not None else (0, 0, lease.raw)
 
 
 async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None) -> VerifiedOutput:
@@ -252,7 +254,8 @@ async def fail_batch(request: web.Request) -> web.Response:
         return await _lease(request, principal, item.token)
 
     found = await _each(batch.leases, look_up)
-    ready = [(lease, item) for lease, item in zip(found, batch.leases, strict=True) if isinstance(lease, _Lease)]
+    ready = sorted(((lease, item) for lease, item in zip(found, batch.leases, strict=True)
+                    if isinstance(lease, _Lease)), key=lambda pair: _lock_key(pair[0]))  # as complete's
     errors = [_error_text(item, lease) for lease, item in ready]
     rows = await request.app[POOL].fetch(Q.fail_batch, [lease.token for lease, _ in ready], errors,
                                          [item.retryable for _, item in ready])
@@ -283,7 +286,7 @@ async def release_batch(request: web.Request) -> web.Response:
     principal = require(request, "executor")
     batch = decode_body(await json_object(request), protocol.ReleaseBatch)
     found = await _each(batch.leases, lambda raw: _lease(request, principal, raw))
-    ready = [lease for lease in found if isinstance(lease, _Lease)]
+    ready = sorted((lease for lease in found if isinstance(lease, _Lease)), key=_lock_key)  # as complete's
     rows = await request.app[POOL].fetch(Q.release_batch, [lease.token for lease in ready])
     verdicts = {id(lease): row["verdict"] for lease, row in zip(ready, rows, strict=True)}
 
