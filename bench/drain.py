@@ -367,32 +367,6 @@ async def sim_executor(client: ExecutorClient, executor_id: str, batch: int) -> 
         done += len(completions)
 
 
-async def http_arm(url: str, args: argparse.Namespace, batch: int) -> float:
-    env = {"MINIONS_INLINE_INPUT_BYTES": "0"} if batch == 1 else {}
-    conn = await connect(url)
-    async with running_services(url, args, **env) as (services, admin_token, executor_token), \
-            contextlib.AsyncExitStack() as stack:
-        records = sleep_records(args.subtasks, 0)
-        task_id = await submit_sleep_task(services, admin_token, conn, "drain", records)
-        clients = [await stack.enter_async_context(ExecutorClient(services.api_url, executor_token))
-                   for _ in range(args.clients)]
-        ids = [(await c.register({"name": f"drain-{i}", "hardware": {"os": "bench", "device": "cpu"},
-                                  "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
-        await conn.execute("VACUUM ANALYZE")
-        cpu, start = time.process_time(), time.perf_counter()
-        done = await asyncio.gather(*(sim_executor(c, e, batch) for c, e in zip(clients, ids, strict=True)))
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-        assert sum(done) == args.subtasks, (sum(done), args.subtasks)
-        await check_end_state(conn, task_id, args.subtasks, wait_s=60)
-        await check_results(services, admin_token, "drain", records)
-    await conn.close()
-    print(f"#   executors' process: {cpu / elapsed:.0%} of a core over the drain", flush=True)
-    return float(args.subtasks / elapsed)
-
-
-# --- one real agent: makespan --------------------------------------------------------------------
-
-
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and its descendants, reaped children included (Linux /proc)."""
     ticks, stack = 0, [pid]
@@ -406,6 +380,58 @@ def tree_cpu_s(pid: int) -> float:
         except (OSError, ValueError):
             continue
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds the services, PostgreSQL, this process and `others` spend between start() and
+    report(): where the time of a measurement goes."""
+
+    def __init__(self, server: EmbeddedPostgres, services: Services, **others: int) -> None:
+        self.pids = {"api": [p.pid for n, s in services.running.items() if n == "api" and (p := s.process)],
+                     "splitter+watchdog": [p.pid for n, s in services.running.items()
+                                           if n != "api" and (p := s.process)],
+                     "postgres": [int((server.pgdata / "postmaster.pid").read_text().split()[0])],
+                     **{name: [pid] for name, pid in others.items()}}
+        self.start()
+
+    def _now(self) -> dict[str, float]:
+        return {"bench": time.process_time(),
+                **{name: sum(tree_cpu_s(pid) for pid in pids) for name, pids in self.pids.items()}}
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def report(self, what: str, per: int) -> str:
+        spent = {name: value - self.started[name] for name, value in self._now().items()}
+        shares = ", ".join(f"{name} {s / per * 1000:.2f}" for name, s in spent.items())
+        return f"#   CPU ms per subtask over {what}: {shares} (bench: this process; the executors, in the HTTP arms)"
+
+
+async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int) -> float:
+    env = {"MINIONS_INLINE_INPUT_BYTES": "0"} if batch == 1 else {}
+    conn = await connect(url)
+    async with running_services(url, args, **env) as (services, admin_token, executor_token), \
+            contextlib.AsyncExitStack() as stack:
+        records = sleep_records(args.subtasks, 0)
+        task_id = await submit_sleep_task(services, admin_token, conn, "drain", records)
+        clients = [await stack.enter_async_context(ExecutorClient(services.api_url, executor_token))
+                   for _ in range(args.clients)]
+        ids = [(await c.register({"name": f"drain-{i}", "hardware": {"os": "bench", "device": "cpu"},
+                                  "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
+        await conn.execute("VACUUM ANALYZE")
+        meter = CpuMeter(server, services)
+        start = time.perf_counter()
+        done = await asyncio.gather(*(sim_executor(c, e, batch) for c, e in zip(clients, ids, strict=True)))
+        elapsed = time.perf_counter() - start
+        print(meter.report("the drain", args.subtasks), flush=True)
+        assert sum(done) == args.subtasks, (sum(done), args.subtasks)
+        await check_end_state(conn, task_id, args.subtasks, wait_s=60)
+        await check_results(services, admin_token, "drain", records)
+    await conn.close()
+    return float(args.subtasks / elapsed)
+
+
+# --- one real agent: makespan --------------------------------------------------------------------
 
 
 async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namespace) -> tuple[float, float]:
@@ -422,19 +448,11 @@ async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namesp
                 assert agent.process.poll() is None and time.monotonic() < deadline, agent.log()[-3000:]
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)  # idle in its long poll
-            pids = {"agent": [agent.process.pid],
-                    "api": [p.pid for n, s in services.running.items() if n == "api" and (p := s.process)],
-                    "splitter+watchdog": [p.pid for n, s in services.running.items()
-                                          if n != "api" and (p := s.process)],
-                    "postgres": [int((server.pgdata / "postmaster.pid").read_text().split()[0])]}
-            cpu = {name: sum(tree_cpu_s(pid) for pid in ps) for name, ps in pids.items()}
-            cpu["bench"] = time.process_time()
+            meter = CpuMeter(server, services, agent=agent.process.pid)
             records = sleep_records(args.makespan, args.makespan_ms)
             task_id = await submit_sleep_task(services, admin_token, conn, "makespan", records)
             await check_end_state(conn, task_id, args.makespan, wait_s=600)
-            spent = {name: sum(tree_cpu_s(pid) for pid in ps) - cpu[name] for name, ps in pids.items()}
-            spent["bench"] = time.process_time() - cpu["bench"]
-            print("#   CPU s over the makespan: " + ", ".join(f"{n} {s:.2f}" for n, s in spent.items()), flush=True)
+            print(meter.report("the makespan", args.makespan), flush=True)
             await check_results(services, admin_token, "makespan", records)
             row = await conn.fetchrow(
                 """SELECT extract(epoch FROM t.finished_at - t.created_at) AS makespan,
@@ -467,7 +485,8 @@ async def makespan_all(server: EmbeddedPostgres, args: argparse.Namespace) -> li
 # --- the run ------------------------------------------------------------------------------------
 
 
-def arm_runner(arm: str, args: argparse.Namespace) -> Callable[[str], Awaitable[float]] | str:
+def arm_runner(server: EmbeddedPostgres, arm: str, args: argparse.Namespace,
+               ) -> Callable[[str], Awaitable[float]] | str:
     """The arm's measurement, or why it is skipped."""
     if arm == "sql-baseline":
         return lambda url: sql_arm(url, args.subtasks, args.clients, baseline=True)
@@ -481,13 +500,14 @@ def arm_runner(arm: str, args: argparse.Namespace) -> Callable[[str], Awaitable[
         batch = int(arm.removeprefix("pgq-batch"))
         return lambda url: pgq_arm(url, args.subtasks, args.clients, batch)
     if arm.startswith("http-"):
-        return lambda url: http_arm(url, args, 1 if arm == "http-unbatched" else int(arm.removeprefix("http-batch")))
+        batch = 1 if arm == "http-unbatched" else int(arm.removeprefix("http-batch"))
+        return lambda url: http_arm(server, url, args, batch)
     raise AssertionError(arm)
 
 
 async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[str, list[float]]:
     await prepare_template(server)
-    runners = {arm: arm_runner(arm, args) for arm in args.arms}
+    runners = {arm: arm_runner(server, arm, args) for arm in args.arms}
     for arm, r in runners.items():
         if isinstance(r, str):
             print(f"# {arm}: skipped: {r}")
