@@ -42,6 +42,10 @@ services drains a task of that many one-record `sleep` subtasks of `--makespan-m
 the task's created_at -> finished_at (submit to completed, the database's clock), over the pure
 compute (subtasks x ms); also shown: first lease -> last complete. Runs `--runs` times, after the
 drain arms, each on a fresh database; the table gives the median.
+
+The HTTP arms and the makespan also print the CPU time per subtask each process spent over the
+measurement (the API with its workers, PostgreSQL with its backends, splitter and watchdog, this
+process, the agent; from /proc): on a small machine the protocol's CPU, not waiting, sets the pace.
 """
 
 from __future__ import annotations
