@@ -212,8 +212,11 @@ class Agent:
         try:
             while True:
                 await self._policy.wait_until_available(self._idle_poll_s)
-                room = self.lease_bound() - len(self._jobs)
-                if room <= 0:
+                bound = self.lease_bound()
+                room = bound - len(self._jobs)
+                # While half the bound or more is still held (work queued for the device), wait until
+                # half is free: one claim of many rather than a claim per finished subtask.
+                if room <= 0 or (self._jobs and room < bound // 2):
                     self._room.clear()
                     await self._room.wait()
                     continue
