@@ -9,9 +9,11 @@ time, then output upload and complete), so the next subtasks are claimed, and th
 while one computes, and its upload and complete go on in the background while the next computes.
 The leases held at once are bounded (`max_leases`; by default what the agent finishes in one
 heartbeat interval, at least 2): a Mac that vanishes strands at most that many until the lease
-timeout. Small inputs and outputs ride inline in the claim and the complete (API.md). One complete
-is in flight at a time: those that come meanwhile wait and then go together in one batched
-`POST /api/v1/leases/complete`, each lease with its own outcome, exactly as its own request's.
+timeout; while half the bound or more is held, the next claim waits until half is free, so fast
+subtasks are claimed many at a time. Small inputs and outputs ride inline in the claim and the
+complete (API.md). One complete is in flight at a time: those that come meanwhile wait and then go
+together in one batched `POST /api/v1/leases/complete`, each lease with its own outcome, exactly as
+its own request's.
 """
 
 from __future__ import annotations
