@@ -14,18 +14,45 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
   latency       submit -> first lease, direct SQL: minion_submit_task of a one-record task split
                 in its transaction, an idle executor woken by the 'subtasks' NOTIFY claims it;
                 beside PgQueuer's enqueue -> entrypoint start (`--latency` samples each).
-  http-*        not in this script yet: they need the batched protocol (k2-protocol) and services;
-                printed as skipped with the reason.
+  http-unbatched  the real services (API, splitter, watchdog as processes, minions/testing/processes.py)
+                on the run's database with a local-folder store, and `--clients` simulated executors
+                in this process (the agent's ExecutorClient, aiohttp, one session each; outputs by
+                the agent's SleepRunner and encode_outputs), each one subtask at a time: claim
+                (no `max`) -> GET the input range from its URL -> PUT the output to its URL ->
+                complete. The API runs with MINIONS_INLINE_INPUT_BYTES=0, so the claim carries no
+                inline input and the four requests are really four.
+  http-batch10  the same services (inline inputs on, the default 64 KiB): each executor claims with
+                `max=10`, reads the inputs inline from the claim's answer and completes all its
+                leases in one `POST /api/v1/leases/complete` carrying the outputs inline: two
+                requests per ten subtasks.
+The HTTP arms submit the task through the API (one record a subtask, split at submit), register
+their executors, then time the drain; claims use `wait=0`, so an executor stops at its first 204
+(the queue is empty), as the direct-SQL clients stop at their first empty claim. `--api-workers`
+sets `minions api --workers` (default: the cores, as `minions up` does).
 
 The figure is subtasks (jobs) per second from the first claim to the last complete. The direct SQL
-arms then check the end state: every subtask done once, and the task completed exactly once
-(running the splitter's settle sweep, as the splitter would on the tail's NOTIFY).
+and HTTP arms then check the end state: every subtask done once, and the task completed exactly
+once (direct SQL: running the splitter's settle sweep, as the splitter would on the tail's NOTIFY;
+HTTP: the splitter process does it), and the HTTP arms read the results back through the API: one
+line per record, the ids in input order.
+
+Makespan (`--makespan 2000`, 0 to skip; `--makespan-ms 5`): ONE real agent process (`python -m
+minions.agents.macos`, as tests/e2e start it: pipelined, batched claims) against the same real
+services drains a task of that many one-record `sleep` subtasks of `--makespan-ms` each. Makespan is
+the task's created_at -> finished_at (submit to completed, the database's clock), over the pure
+compute (subtasks x ms); also shown: first lease -> last complete. Runs `--runs` times, after the
+drain arms, each on a fresh database; the table gives the median.
+
+The HTTP arms and the makespan also print the CPU time per subtask each process spent over the
+measurement (the API with its workers, PostgreSQL with its backends, splitter and watchdog, this
+process, the agent; from /proc): on a small machine the protocol's CPU, not waiting, sets the pace.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import shutil
@@ -35,8 +62,9 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -47,10 +75,17 @@ if str(ROOT) not in sys.path:
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 from bench.claim import admin  # noqa: E402
+from minions import jsoncodec, protocol  # noqa: E402
+from minions.agents.macos.client import ExecutorClient  # noqa: E402
+from minions.agents.macos.jsonl import encode_outputs, parse_records  # noqa: E402
+from minions.agents.macos.runners.sleep import SleepRunner  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
-from minions.testing.factories import make_executor, make_task, make_token  # noqa: E402
+from minions.sdk import MinionsClient  # noqa: E402
+from minions.testing.agents import AgentFleet  # noqa: E402
+from minions.testing.factories import make_executor, make_task, make_token, make_tokens  # noqa: E402
+from minions.testing.processes import Services  # noqa: E402
 
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
@@ -98,13 +133,24 @@ async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool) -> floa
     # The end state: every subtask done once, the task completed once.
     for row in await conn.fetch("SELECT minion_settle_candidates(100) AS id"):
         await conn.fetchval("SELECT minion_settle_waiting($1)", row["id"])
-    state = await conn.fetchrow(
-        """SELECT t.status, (SELECT count(*) FROM subtasks WHERE task_id = t.id AND state = 'done') AS done,
-                  (SELECT count(*) FROM subtask_attempts WHERE task_id = t.id) AS attempts
-             FROM tasks t WHERE t.id = $1""", task_id)
-    assert (state["status"], state["done"], state["attempts"]) == ("completed", subtasks, subtasks), dict(state)
+    await check_end_state(conn, task_id, subtasks)
     await conn.close()
     return subtasks / elapsed
+
+
+async def check_end_state(conn: asyncpg.Connection, task_id: int, subtasks: int, wait_s: float = 0.0) -> None:
+    """Every subtask done once (one attempt each), the task completed; waits up to `wait_s` for the
+    task to complete (the splitter settles it, when services run)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = await conn.fetchrow(
+            """SELECT t.status, (SELECT count(*) FROM subtasks WHERE task_id = t.id AND state = 'done') AS done,
+                      (SELECT count(*) FROM subtask_attempts WHERE task_id = t.id) AS attempts
+                 FROM tasks t WHERE t.id = $1""", task_id)
+        if state["status"] == "completed" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert (state["status"], state["done"], state["attempts"]) == ("completed", subtasks, subtasks), dict(state)
 
 
 # --- PgQueuer -----------------------------------------------------------------------------------
@@ -226,10 +272,225 @@ async def latency_all(server: EmbeddedPostgres, n: int) -> dict[str, list[float]
     return out
 
 
+# --- HTTP: the real services, simulated executors ------------------------------------------------
+
+TEAM, PROJECT = "bench", "drain"
+
+
+def sleep_records(n: int, ms: int) -> list[dict[str, Any]]:
+    return [{"id": f"r{i:06d}", "ms": ms} for i in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def running_services(url: str, args: argparse.Namespace, **env: str) -> AsyncIterator[tuple[Services, str, str]]:
+    """API, splitter and watchdog as processes on the database `url` with a local-folder store; an
+    admin and an executor token."""
+    admin_token, executor_token = await make_tokens(url)
+    workdir = Path(args.workdir) / f"services-{uuid.uuid4().hex[:8]}"
+    services = Services(url, workdir, heartbeat_interval_s=5.0, lease_timeout_s=60.0, long_poll_s=5.0,
+                        extra_env={"MINIONS_LOG_LEVEL": "warning", "MINIONS_API_WORKERS": str(args.api_workers),
+                                   **env})
+    try:
+        await services.start_all()
+        yield services, admin_token, executor_token
+    except BaseException:
+        print(services.logs()[-4000:], file=sys.stderr)
+        raise
+    finally:
+        services.stop_all()
+        # The services' warnings (a 503 retry answered, say), counted by event, the first of each shown.
+        seen: dict[str, list[str]] = {}
+        for line in "".join(service.log() for service in services.running.values()).splitlines():
+            try:
+                entry = jsoncodec.loads(line)
+            except ValueError:
+                entry = {"event": "(not JSON)", "level": "error"}
+            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
+                seen.setdefault(str(entry.get("event")), []).append(line)
+        for event, lines in seen.items():
+            print(f"#   services logged {len(lines)} x {event}: {lines[0][:300]}", flush=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def submit_sleep_task(services: Services, admin_token: str, conn: asyncpg.Connection, name: str,
+                            records: list[dict[str, Any]]) -> int:
+    """The task, one record a subtask, submitted through the API; its id once every subtask exists."""
+    async with MinionsClient(services.api_url, admin_token) as client:
+        await client.submit({"team": TEAM, "project": PROJECT, "name": name, "kind": "sleep",
+                             "input": {"records": records}, "subtask_size": 1})
+    deadline = time.monotonic() + 60
+    while True:
+        row = await conn.fetchrow("SELECT id, split_done FROM tasks WHERE team = $1 AND project = $2 AND name = $3",
+                                  TEAM, PROJECT, name)
+        if row is not None and row["split_done"]:
+            return int(row["id"])
+        assert time.monotonic() < deadline, f"task {name} was never split"
+        await asyncio.sleep(0.05)
+
+
+async def check_results(services: Services, admin_token: str, name: str, records: list[dict[str, Any]]) -> None:
+    """The task's results through the API: one line per input record, its id, in input order."""
+    async with MinionsClient(services.api_url, admin_token) as client:
+        body = b"".join([chunk async for chunk in client.results(TEAM, PROJECT, name)])
+    got = [jsoncodec.loads(line) for line in body.splitlines() if line.strip()]
+    want = [{"id": r["id"], "slept_ms": r["ms"]} for r in records]
+    assert got == want, f"results differ: {len(got)} lines, first differing at " \
+        f"{next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))}"
+
+
+async def sim_executor(client: ExecutorClient, executor_id: str, batch: int) -> int:
+    """Drains until a claim (`wait=0`) answers 204; subtasks completed. batch 1: claim without
+    `max`, GET, PUT, complete; else claim `max=batch`, inline inputs, one batched complete."""
+    runner = SleepRunner()
+    done = 0
+    while True:
+        if batch == 1:
+            claim = await client.claim(executor_id, 0)
+            if claim is None:
+                return done
+            sub = claim.subtask
+            assert sub.input.data is None, "inline input in the unbatched arm"
+            records = parse_records(await client.download(sub.input), sub.input.records)  # a GET
+            await client.upload(sub.output_url, encode_outputs(records, await runner.run(sub, records)))
+            await client.complete(claim.token, len(records), 0.0)
+            done += 1
+            continue
+        claims = await client.claim_batch(executor_id, 0, batch)
+        if not claims:
+            return done
+        completions = []
+        for claim in claims:
+            sub = claim.subtask
+            assert sub.input.data is not None, "no inline input in the batched arm"
+            records = parse_records(await client.download(sub.input), sub.input.records)  # inline: no request
+            output = encode_outputs(records, await runner.run(sub, records))
+            completions.append(protocol.LeaseCompletion(token=claim.token, records=len(records), seconds=0.0,
+                                                        output=output.decode()))
+        refused = {token: str(err) for token, err in (await client.complete_batch(completions)).items() if err}
+        assert not refused, refused
+        done += len(completions)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its descendants, reaped children included (Linux /proc)."""
+    ticks, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+            for thread in Path(f"/proc/{current}/task").iterdir():
+                stack += [int(child) for child in (thread / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds the services, PostgreSQL, this process and `others` spend between start() and
+    report(): where the time of a measurement goes."""
+
+    def __init__(self, server: EmbeddedPostgres, services: Services, **others: int) -> None:
+        self.pids = {"api": [p.pid for n, s in services.running.items() if n == "api" and (p := s.process)],
+                     "splitter+watchdog": [p.pid for n, s in services.running.items()
+                                           if n != "api" and (p := s.process)],
+                     "postgres": [int((server.pgdata / "postmaster.pid").read_text().split()[0])],
+                     **{name: [pid] for name, pid in others.items()}}
+        self.start()
+
+    def _now(self) -> dict[str, float]:
+        return {"bench": time.process_time(),
+                **{name: sum(tree_cpu_s(pid) for pid in pids) for name, pids in self.pids.items()}}
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def report(self, what: str, per: int) -> str:
+        spent = {name: value - self.started[name] for name, value in self._now().items()}
+        shares = ", ".join(f"{name} {s / per * 1000:.2f}" for name, s in spent.items())
+        return f"#   CPU ms per subtask over {what}: {shares} (bench: this process; the executors, in the HTTP arms)"
+
+
+async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int) -> float:
+    env = {"MINIONS_INLINE_INPUT_BYTES": "0"} if batch == 1 else {}
+    conn = await connect(url)
+    async with running_services(url, args, **env) as (services, admin_token, executor_token), \
+            contextlib.AsyncExitStack() as stack:
+        records = sleep_records(args.subtasks, 0)
+        task_id = await submit_sleep_task(services, admin_token, conn, "drain", records)
+        clients = [await stack.enter_async_context(ExecutorClient(services.api_url, executor_token))
+                   for _ in range(args.clients)]
+        ids = [(await c.register({"name": f"drain-{i}", "hardware": {"os": "bench", "device": "cpu"},
+                                  "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
+        await conn.execute("VACUUM ANALYZE")
+        meter = CpuMeter(server, services)
+        start = time.perf_counter()
+        done = await asyncio.gather(*(sim_executor(c, e, batch) for c, e in zip(clients, ids, strict=True)))
+        elapsed = time.perf_counter() - start
+        print(meter.report("the drain", args.subtasks), flush=True)
+        assert sum(done) == args.subtasks, (sum(done), args.subtasks)
+        await check_end_state(conn, task_id, args.subtasks, wait_s=60)
+        await check_results(services, admin_token, "drain", records)
+    await conn.close()
+    return float(args.subtasks / elapsed)
+
+
+# --- one real agent: makespan --------------------------------------------------------------------
+
+
+async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namespace) -> tuple[float, float]:
+    """(submit -> completed, first lease -> last complete), seconds, of one agent process draining
+    `--makespan` one-record sleep subtasks of `--makespan-ms` each. Prints the CPU time each process
+    spent meanwhile."""
+    conn = await connect(url)
+    async with running_services(url, args) as (services, admin_token, executor_token):
+        fleet = AgentFleet(services, executor_token)
+        agent = fleet.start("makespan")
+        try:
+            deadline = time.monotonic() + 60
+            while not await conn.fetchval("SELECT count(*) FROM executors WHERE name = 'makespan'"):
+                assert agent.process.poll() is None and time.monotonic() < deadline, agent.log()[-3000:]
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # idle in its long poll
+            meter = CpuMeter(server, services, agent=agent.process.pid)
+            records = sleep_records(args.makespan, args.makespan_ms)
+            task_id = await submit_sleep_task(services, admin_token, conn, "makespan", records)
+            await check_end_state(conn, task_id, args.makespan, wait_s=600)
+            print(meter.report("the makespan", args.makespan), flush=True)
+            await check_results(services, admin_token, "makespan", records)
+            row = await conn.fetchrow(
+                """SELECT extract(epoch FROM t.finished_at - t.created_at) AS makespan,
+                          (SELECT extract(epoch FROM max(a.ended_at) - min(a.started_at))
+                             FROM subtask_attempts a WHERE a.task_id = t.id) AS drain
+                     FROM tasks t WHERE t.id = $1""", task_id)
+        except BaseException:
+            print(fleet.logs(), file=sys.stderr)
+            raise
+        finally:
+            fleet.stop_all()
+    await conn.close()
+    return float(row["makespan"]), float(row["drain"])
+
+
+async def makespan_all(server: EmbeddedPostgres, args: argparse.Namespace) -> list[tuple[float, float]]:
+    out = []
+    for run in range(args.runs):
+        name, url = await scratch(server)
+        try:
+            out.append(await makespan_run(server, url, args))
+        finally:
+            await admin(server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        compute = args.makespan * args.makespan_ms / 1000
+        print(f"run {run + 1} makespan      {out[-1][0]:9.2f} s = {out[-1][0] / compute:.2f}x compute "
+              f"(first lease -> last complete {out[-1][1]:.2f} s)", flush=True)
+    return out
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 
-def arm_runner(arm: str, args: argparse.Namespace) -> Callable[[str], Awaitable[float]] | str:
+def arm_runner(server: EmbeddedPostgres, arm: str, args: argparse.Namespace,
+               ) -> Callable[[str], Awaitable[float]] | str:
     """The arm's measurement, or why it is skipped."""
     if arm == "sql-baseline":
         return lambda url: sql_arm(url, args.subtasks, args.clients, baseline=True)
@@ -242,12 +503,15 @@ def arm_runner(arm: str, args: argparse.Namespace) -> Callable[[str], Awaitable[
             return "PgQueuer is not installed (pip install -e '.[bench]')"
         batch = int(arm.removeprefix("pgq-batch"))
         return lambda url: pgq_arm(url, args.subtasks, args.clients, batch)
-    return "HTTP arms are not in this script yet (services + the batched protocol of k2-protocol)"
+    if arm.startswith("http-"):
+        batch = 1 if arm == "http-unbatched" else int(arm.removeprefix("http-batch"))
+        return lambda url: http_arm(server, url, args, batch)
+    raise AssertionError(arm)
 
 
 async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[str, list[float]]:
     await prepare_template(server)
-    runners = {arm: arm_runner(arm, args) for arm in args.arms}
+    runners = {arm: arm_runner(server, arm, args) for arm in args.arms}
     for arm, r in runners.items():
         if isinstance(r, str):
             print(f"# {arm}: skipped: {r}")
@@ -268,7 +532,8 @@ async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[st
 
 def table(rates: dict[str, list[float]]) -> str:
     medians = {arm: statistics.median(v) for arm, v in rates.items()}
-    refs = {"sql-new": "sql-baseline", "pgq-batch1": "pgq-batch10", "sql-baseline": "pgq-batch10"}
+    refs = {"sql-new": "sql-baseline", "pgq-batch1": "pgq-batch10", "sql-baseline": "pgq-batch10",
+            "http-unbatched": "sql-new", "http-batch10": "pgq-batch10"}
     lines = ["| arm | per s (median) | runs | ratio |", "|---|---:|---|---|"]
     for arm, m in medians.items():
         ref = refs.get(arm)
@@ -289,6 +554,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency", type=int, default=200,
                    help="submit -> first lease samples (direct SQL) beside PgQueuer's enqueue -> start (0: skip)")
     p.add_argument("--fsync-off", action="store_true", help="fsync=off for every arm (default: on)")
+    p.add_argument("--api-workers", type=int, default=os.cpu_count() or 1,
+                   help="HTTP arms: `minions api --workers` (default: the cores, as `minions up`)")
+    p.add_argument("--makespan", type=int, default=2000,
+                   help="one agent process drains this many one-record sleep subtasks (0: skip)")
+    p.add_argument("--makespan-ms", type=int, default=5, help="each makespan subtask sleeps this long")
     args = p.parse_args(argv)
     unknown = set(args.arms) - set(ALL_ARMS)
     if unknown:
@@ -305,9 +575,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# drain: {platform.node()}, nproc={os.cpu_count()}; {args.subtasks} one-record subtasks, "
               f"{args.clients} clients, {args.runs} runs per arm alternating, "
               f"{'fsync=off' if args.fsync_off else 'fsync on'}")
+        args.workdir = str(root)
         rates = asyncio.run(run_all(server, args))
         print()
         print(table(rates))
+        if args.makespan:
+            spans = asyncio.run(makespan_all(server, args))
+            compute = args.makespan * args.makespan_ms / 1000
+            median = statistics.median(s for s, _ in spans)
+            print()
+            print(f"makespan, one agent, {args.makespan} x {args.makespan_ms} ms sleep subtasks "
+                  f"(compute {compute:.1f} s): median {median:.2f} s = {median / compute:.2f}x compute "
+                  f"(runs: {', '.join(f'{s:.2f}' for s, _ in spans)}; first lease -> last complete: "
+                  f"{', '.join(f'{d:.2f}' for _, d in spans)})")
         if args.latency:
             lat = asyncio.run(latency_all(server, args.latency))
             print()

@@ -9,7 +9,11 @@ time, then output upload and complete), so the next subtasks are claimed, and th
 while one computes, and its upload and complete go on in the background while the next computes.
 The leases held at once are bounded (`max_leases`; by default what the agent finishes in one
 heartbeat interval, at least 2): a Mac that vanishes strands at most that many until the lease
-timeout. Small inputs and outputs ride inline in the claim and the complete (API.md).
+timeout; while half the bound or more is held, the next claim waits until half is free, so fast
+subtasks are claimed many at a time. Small inputs and outputs ride inline in the claim and the
+complete (API.md). One complete is in flight at a time: those that come meanwhile wait and then go
+together in one batched `POST /api/v1/leases/complete`, each lease with its own outcome, exactly as
+its own request's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from minions.agents.macos.protocol import Claim, ProtocolError, Registration
 from minions.agents.macos.runners.base import ChoosesPrecision, PermanentError, Runner, RunnerError
 from minions.agents.macos.runners.registry import build_runners, uses_torch
 from minions.logging import get_logger
+from minions.protocol import MAX_TOKENS, LeaseCompletion
 
 log = get_logger(__name__)
 
@@ -56,6 +61,17 @@ MAX_ERROR_CHARS = 4000
 MIN_PIPELINE = 2
 # Weight of the latest subtask in the running mean of subtask durations (the default bound).
 DURATION_WEIGHT = 0.2
+
+
+@dataclass
+class _Commit:
+    """A complete waiting for its turn: one lease, its outcome to come (None: committed)."""
+
+    token: str
+    records: int
+    seconds: float
+    output: bytes | None
+    outcome: asyncio.Future[Rejected | None]
 
 
 @dataclass
@@ -106,6 +122,8 @@ class Agent:
         self._claiming: asyncio.Task[list[Claim]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._fatal: asyncio.Future[None] | None = None  # a job's AuthError ends the agent
+        self._commits: list[_Commit] = []  # completes waiting for the one in flight
+        self._committing: asyncio.Task[None] | None = None
         self.completed = 0  # subtasks committed by this process, for logs and tests
 
     @property
@@ -143,6 +161,9 @@ class Agent:
             for task in (work, heartbeat):
                 task.cancel()
             await asyncio.wait({work, heartbeat})  # work hands its lease back while it stops
+            if self._committing is not None:  # no job is left to hear it
+                self._committing.cancel()
+                await asyncio.wait({self._committing})
             await self._deregister()
 
     async def register(self) -> Registration:
@@ -193,8 +214,11 @@ class Agent:
         try:
             while True:
                 await self._policy.wait_until_available(self._idle_poll_s)
-                room = self.lease_bound() - len(self._jobs)
-                if room <= 0:
+                bound = self.lease_bound()
+                room = bound - len(self._jobs)
+                # While half the bound or more is still held (work queued for the device), wait until
+                # half is free: one claim of many rather than a claim per finished subtask.
+                if room <= 0 or (self._jobs and room < bound // 2):
                     self._room.clear()
                     await self._room.wait()
                     continue
@@ -333,7 +357,7 @@ class Agent:
 
     async def _complete(self, claim: Claim, records: int, seconds: float, output: bytes | None = None) -> None:
         try:
-            await self._client.complete(claim.token, records, seconds, output)
+            await self._commit(claim.token, records, seconds, output)
         except Conflict as exc:
             # 409 lease_lost: the subtask was reclaimed meanwhile; our output is ignored (fencing).
             log.warning("complete_refused", subtask=claim.subtask.label, error=str(exc))
@@ -347,6 +371,56 @@ class Agent:
             return
         self.completed += 1
         log.info("subtask_completed", subtask=claim.subtask.label, records=records, seconds=round(seconds, 3))
+
+    async def _commit(self, token: str, records: int, seconds: float, output: bytes | None) -> None:
+        """Complete one lease. Alone, it is its own request; while another complete is in flight it
+        waits, and goes with every other one that came meanwhile in one batched request. Raises as
+        its own request would (Conflict, Rejected, AuthError). Cancelled before it was sent, it is
+        never sent (the job hands the lease back or drops it, as before). A server before the
+        batched protocol (max_claim 1) gets each complete as its own request, at once."""
+        if self.registration.max_claim <= 1:
+            await self._client.complete(token, records, seconds, output)
+            return
+        commit = _Commit(token, records, seconds, output, asyncio.get_running_loop().create_future())
+        self._commits.append(commit)
+        if self._committing is None or self._committing.done():
+            self._committing = asyncio.create_task(self._send_commits(), name="complete")
+        refused = await commit.outcome
+        if refused is not None:
+            raise refused
+
+    async def _send_commits(self) -> None:
+        while self._commits:
+            batch = [c for c in self._commits[:MAX_TOKENS] if not c.outcome.done()]  # done: its job was cancelled
+            del self._commits[:MAX_TOKENS]
+            if not batch:
+                continue
+            try:
+                if len(batch) == 1:
+                    one = batch[0]
+                    try:
+                        await self._client.complete(one.token, one.records, one.seconds, one.output)
+                        outcomes: dict[str, Rejected | None] = {one.token: None}
+                    except Rejected as exc:
+                        outcomes = {one.token: exc}
+                else:
+                    outcomes = await self._client.complete_batch([
+                        LeaseCompletion(token=c.token, records=c.records, seconds=round(c.seconds, 3),
+                                        output=None if c.output is None else c.output.decode())
+                        for c in batch])
+            except Exception as exc:  # AuthError, a malformed answer: every lease of the request hears it
+                for c in batch:
+                    if not c.outcome.done():
+                        c.outcome.set_exception(exc)
+                continue
+            except asyncio.CancelledError:
+                for c in batch:
+                    c.outcome.cancel()
+                raise
+            for c in batch:
+                if not c.outcome.done():
+                    missing = Conflict(409, "lease_lost", "the answer had no outcome for this lease")
+                    c.outcome.set_result(outcomes.get(c.token, missing))
 
     async def _fail(self, claim: Claim, error: str, retryable: bool) -> None:
         log.warning("subtask_failed", subtask=claim.subtask.label, error=error, retryable=retryable)

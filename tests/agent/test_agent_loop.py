@@ -368,6 +368,23 @@ async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w:
                                      task_id) == 6
 
 
+async def test_completes_that_come_together_go_in_one_batched_request(w: World) -> None:
+    """Issue 11: while one complete is in flight, those that come meanwhile wait and go together in
+    one POST /api/v1/leases/complete; every subtask is done once, its output in order."""
+    async with running_agent(w) as h:
+        records = [{"id": i, "ms": 0} for i in range(60)]
+        task_id = await w.submit("many", "sleep", records, subtask_size=1)
+        await eventually(lambda: w.status_is("many", "completed"), "the task to complete")
+        calls = [(path, status) for method, path, status in w.requests() if method == "POST"]
+        batched = [status for path, status in calls if path == "/api/v1/leases/complete"]
+        single = [status for path, status in calls if re.fullmatch(r"/api/v1/leases/[^/]+/complete", path)]
+        assert batched and set(batched) == {200}, calls
+        assert len(batched) + len(single) < len(records)
+        assert [a["outcome"] for a in await w.attempts(task_id)] == ["done"] * len(records)
+        assert await w.results("many") == [{"id": i, "slept_ms": 0} for i in range(60)]
+        await until(lambda: h.agent.completed == len(records), "the agent to count every commit")
+
+
 @pytest.mark.parametrize("state", ["cancelled", "lost"])
 async def test_heartbeat_answer_drops_the_work(w: World, state: str) -> None:
     async with running_agent(w) as h:
