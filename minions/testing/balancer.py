@@ -66,6 +66,7 @@ class ReplicatedServices(Services):
 
     def start(self, name: str) -> Service:
         kind, _, index = name.partition("-")
+        self.apply_cluster_settings()  # the lease timeout the drill expects, in the database
         env = self.env()
         if kind == "api":
             env["MINIONS_PORT"] = str(self.api_ports[int(index) - 1])
