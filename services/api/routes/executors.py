@@ -228,14 +228,14 @@ async def heartbeat(request: web.Request) -> web.Response:
     executor_id, owner = _caller(request)
     beat = decode_body(await json_object(request, optional=True), protocol.Heartbeat,
                        {"leases": f"must be a list of at most {protocol.MAX_TOKENS} lease tokens (strings)"})
-    tokens = beat.leases
-    parsed = [u for u in (_as_uuid(t) for t in tokens) if u is not None]
+    named = {t: _as_uuid(t) for t in beat.leases}  # each token parsed once
     # Unparseable tokens were never leases; the executor still holds whatever it named.
+    parsed = [u for u in named.values() if u is not None]
     rows = await request.app[POOL].fetch(Q.heartbeat_as, executor_id, owner, parsed)
     _refuse(rows[0]["verdict"], executor_id)
-    states = {str(r["lease_token"]): r["state"] for r in rows[1:]}
+    states = {r["lease_token"]: r["state"] for r in rows[1:]}
     # A token that is not even a UUID was never a lease: it is lost, like any stale one.
-    reply = protocol.HeartbeatReply(leases={t: states.get(str(_as_uuid(t)), "lost") for t in tokens})
+    reply = protocol.HeartbeatReply(leases={t: states.get(u, "lost") for t, u in named.items()})
     return json_response(protocol.to_builtins(reply))
 
 
