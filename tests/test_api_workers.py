@@ -19,7 +19,7 @@ async def test_two_workers_serve_requests_and_both_wake_their_claims(services: S
     admin, executor = await make_tokens(database_url)
     services.long_poll_s = 20.0
     services.extra_env["MINIONS_API_WORKERS"] = "2"
-    services.extra_env["MINIONS_INLINE_SPLIT_MAX_BYTES"] = "0"  # through the splitter: a NOTIFY, later
+    services.split_at_submit = False  # through the splitter: a NOTIFY, later
     await services.start_all()
     url = services.api_url
     ex_headers = {"Authorization": f"Bearer {executor}"}

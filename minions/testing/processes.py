@@ -71,6 +71,8 @@ class Services:
     long_poll_s: float = 5.0
     straggler_factor: float = 0.0
     store: str = ""  # default: a folder under workdir
+    # False: every task goes through the splitter (MINIONS_INLINE_SPLIT_MAX_BYTES=0), for drills of it.
+    split_at_submit: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     running: dict[str, Service] = field(default_factory=dict)
@@ -105,6 +107,7 @@ class Services:
             "MINIONS_COMPACT_INTERVAL_S": "0",
             "MINIONS_LOG_LEVEL": "info",
             "PYTHONUNBUFFERED": "1",
+            **({} if self.split_at_submit else {"MINIONS_INLINE_SPLIT_MAX_BYTES": "0"}),
             **self.extra_env,
         }
 

@@ -71,7 +71,7 @@ async def replicated(request: pytest.FixtureRequest, database_url: str, tmp_path
     services = ReplicatedServices(database_url, tmp_path / "replicas", heartbeat_interval_s=HEARTBEAT_S,
                                   lease_timeout_s=LEASE_TIMEOUT_S, long_poll_s=LONG_POLL_S)
     # Every task through the splitters (none split at submission): the drill races two of them.
-    services.extra_env["MINIONS_INLINE_SPLIT_MAX_BYTES"] = "0"
+    services.split_at_submit = False
     cluster = Cluster(services, AgentFleet(services, executor), admin, executor)
     try:
         await services.start_all()

@@ -19,7 +19,7 @@ from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, pick, sleep_record
 async def test_kill_and_restart_each_service_mid_task(cluster: Cluster) -> None:
     # Every task goes through the splitter, none split at submission: the API is restarted below
     # before the splitter's turn, so the restarted one takes this.
-    cluster.services.extra_env["MINIONS_INLINE_SPLIT_MAX_BYTES"] = "0"
+    cluster.services.split_at_submit = False
     await cluster.start_agents(pick(4, 8))
     records = sleep_records(pick(120, 1500), ms=pick(100, 80))
     await cluster.submit("services", records, subtask_size=2)

@@ -60,7 +60,7 @@ async def test_2000_records_four_executors_every_record_once_in_order(services: 
 
 async def test_splitter_catches_up_on_tasks_submitted_while_it_was_down(services: Services) -> None:
     services.workdir.mkdir(parents=True, exist_ok=True)
-    services.extra_env["MINIONS_INLINE_SPLIT_MAX_BYTES"] = "0"  # the splitter's, not split at submission
+    services.split_at_submit = False  # the splitter's, not split at submission
     services.start("api")
     services.start("watchdog")
     await services.wait_healthy()
