@@ -1,0 +1,109 @@
+"""The batched steps in SQL (sql/220_batched_steps_set_based.sql): a batched claim takes what the
+same number of single claims would, in the same order, and a batched complete or fail ends its tasks
+exactly once, deciding after its last close."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from minions.db.connect import connect
+from minions.testing.factories import make_executor, make_task, make_token
+
+ENDINGS = "SELECT count(*) FROM tasks WHERE id = $1 AND status = $2 AND finished_at IS NOT NULL"
+
+
+async def _setup(database_url: str) -> tuple[asyncpg.Connection, int]:
+    conn = await connect(database_url)
+    _, token_id = await make_token(conn, "executor")
+    return conn, token_id
+
+
+async def _claim(conn: asyncpg.Connection, ex: uuid.UUID, token_id: int, most: int) -> list[asyncpg.Record]:
+    rows = await conn.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", ex, token_id, most)
+    return [r for r in rows if r["verdict"] == "leased"]
+
+
+async def test_a_batched_claim_takes_priority_then_fifo_across_capabilities_in_claim_order(
+        database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    old = await make_task(conn, subtasks=3)
+    urgent = await make_task(conn, subtasks=2, priority=5)
+    embed = await make_task(conn, subtasks=2, kind="embedding", model="m1", priority=1)
+    ex = await make_executor(conn, token_id, kinds=("sleep", "embedding"), models=("m1",))
+    won = await _claim(conn, ex, token_id, 6)
+    assert [(r["task_id"], r["subtask_id"]) for r in won] == [
+        (urgent, 0), (urgent, 1), (embed, 0), (embed, 1), (old, 0), (old, 1)]
+    # The attempts' history shows the claim order: leased_at a microsecond apart, in that order.
+    stamps = [await conn.fetchval("SELECT leased_at FROM subtasks WHERE lease_token = $1", r["lease_token"])
+              for r in won]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    assert len({r["lease_token"] for r in won}) == 6
+    assert await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement") == 6
+    left = await _claim(conn, ex, token_id, 6)
+    assert [(r["task_id"], r["subtask_id"]) for r in left] == [(old, 2)]
+    assert [r["verdict"] for r in await conn.fetch("SELECT * FROM minion_claim_batch($1, $2, 5)", ex, token_id)] \
+        == ["empty"]
+    await conn.close()
+
+
+async def test_a_batched_claim_fills_from_each_preference_in_order_then_the_queue(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    other = await make_task(conn, team="search", project="other", subtasks=2)
+    ranker = await make_task(conn, team="search", project="ranker", name="emb-1", subtasks=2)
+    exact = await make_task(conn, team="search", project="ranker", name="emb-2", subtasks=2)
+    b_team = await make_task(conn, team="team-b", subtasks=2)
+    ex = await make_executor(conn, token_id, preferences=[
+        {"team": "search", "project": "ranker", "task_name": "emb-2"}, {"team": "search", "project": "ranker"},
+        {"team": "team-b"}])
+    won = await _claim(conn, ex, token_id, 7)
+    assert [r["task_id"] for r in won] == [exact, exact, ranker, ranker, b_team, b_team, other]
+    await conn.close()
+
+
+async def test_a_team_executor_batch_claims_only_its_team(database_url: str) -> None:
+    conn = await connect(database_url)
+    _, token_id = await make_token(conn, "executor", team="team-b")
+    await make_task(conn, team="team-a", subtasks=3)
+    b = await make_task(conn, team="team-b", subtasks=2)
+    ex = await make_executor(conn, token_id, team="team-b")
+    assert [r["task_id"] for r in await _claim(conn, ex, token_id, 10)] == [b, b]
+    await conn.close()
+
+
+async def test_a_batched_complete_spanning_two_tasks_ends_each_once_and_stops_deferring(
+        database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    first = await make_task(conn, subtasks=3)
+    second = await make_task(conn, subtasks=2)
+    ex = await make_executor(conn, token_id)
+    won = await _claim(conn, ex, token_id, 5)
+    tokens = [r["lease_token"] for r in won]
+    async with conn.transaction():
+        verdicts = await conn.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)", tokens[:4],
+                                    [1] * 4, [0.0] * 4, [None] * 4, [None] * 4, [None] * 4)
+        assert [v["verdict"] for v in verdicts] == ["ok"] * 4
+        assert await conn.fetchval(ENDINGS, first, "completed") == 1
+        assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", second) == "running"
+        # After the batch, in the same transaction, a single close decides at once again.
+        assert await conn.fetchval("SELECT minion_settle_deferred()") is False
+        assert await conn.fetchval("SELECT minion_complete($1, 1, 0.0)", tokens[4]) == "ok"
+        assert await conn.fetchval(ENDINGS, second, "completed") == 1
+    counts = await conn.fetchrow("SELECT * FROM minion_task_counts($1)", first)
+    assert (counts["subtasks_done"], counts["records_done"]) == (3, 3)
+    await conn.close()
+
+
+async def test_a_batched_fail_out_of_attempts_fails_the_task_once(database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    task_id = await make_task(conn, subtasks=2, max_attempts=1)
+    ex = await make_executor(conn, token_id)
+    tokens = [r["lease_token"] for r in await _claim(conn, ex, token_id, 2)]
+    verdicts = await conn.fetch("SELECT * FROM minion_fail_batch($1, $2, $3)", tokens, ["boom", "bang"],
+                                [True, True])
+    assert [v["verdict"] for v in verdicts] == ["ok", "ok"]
+    assert await conn.fetchval(ENDINGS, task_id, "failed") == 1
+    assert await conn.fetchval("SELECT error FROM tasks WHERE id = $1", task_id) == \
+        "subtask 0 failed after 1 attempt(s): boom"  # the first failure's reason
+    await conn.close()
