@@ -130,6 +130,9 @@ async def test_local_put_and_read(local: LocalStore) -> None:
     assert await collect(local.read(uri, 7, 7)) == b""
     # Chunks are bounded (256 KiB), so a large range is streamed, not loaded.
     assert max([len(c) async for c in local.read(uri)]) <= 256 * 1024
+    # read_bytes: the same bytes in one piece, clamped to the object as read() is.
+    for start, end in ((5, 17), (0, len(DATA) + 100), (len(DATA), len(DATA) + 5), (7, 7)):
+        assert await local.read_bytes(uri, start, end) == DATA[start:end]
 
 
 async def test_local_missing_objects(local: LocalStore) -> None:
@@ -137,6 +140,8 @@ async def test_local_missing_objects(local: LocalStore) -> None:
     assert await local.size(missing) is None
     with pytest.raises(ObjectNotFound):
         await collect(local.read(missing))
+    with pytest.raises(ObjectNotFound):
+        await local.read_bytes(missing, 0, 10)
     await local.put_bytes("dir/child", b"x")
     assert await local.size(local.uri_for("dir")) is None  # a folder is not an object
     with pytest.raises(ObjectNotFound):
@@ -465,6 +470,7 @@ async def test_s3_put_bytes_read_size(s3: S3Store) -> None:
     assert await collect(s3.read(uri, 255_000)) == DATA[255_000:]
     assert await collect(s3.read(uri, len(DATA))) == b""
     assert await collect(s3.read(uri, 3, 3)) == b""
+    assert await s3.read_bytes(uri, 100, 300) == DATA[100:300]
 
 
 async def test_s3_missing(s3: S3Store) -> None:
@@ -472,6 +478,8 @@ async def test_s3_missing(s3: S3Store) -> None:
     assert await s3.size(missing) is None
     with pytest.raises(ObjectNotFound):
         await collect(s3.read(missing))
+    with pytest.raises(ObjectNotFound):
+        await s3.read_bytes(missing, 0, 10)
     await s3.delete(missing)
     uri = await s3.put_bytes("gone.bin", b"x")
     await s3.delete(uri)

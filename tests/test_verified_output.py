@@ -17,7 +17,7 @@ from minions.services.api.verified_output import (
     copy_verified,
     read_verified,
 )
-from minions.store.base import ObjectNotFound
+from minions.store.base import ObjectNotFound, StoreError
 from minions.store.local import LocalStore
 
 IDS = [f"r{i}" for i in range(5)]
@@ -66,3 +66,46 @@ async def test_a_changed_result_is_refused_before_any_byte_is_served(tmp_path: P
         async for chunk in read_verified(store, uri, size, digest):
             served.append(chunk)
     assert served == []
+
+
+BAD_OUTPUTS = [
+    (b"".join(jsoncodec.dumps_line({"id": i, "slept_ms": 1}) for i in IDS)[:-1], "does not end with a newline"),
+    (b"".join(jsoncodec.dumps_line({"id": i, "slept_ms": 1}) for i in reversed(IDS)), 'output line 1 has id "r4"'),
+    (b"".join(jsoncodec.dumps_line({"id": i}) for i in IDS[:4]), "the output has 4 lines"),
+    (b"".join(jsoncodec.dumps_line({"id": i}) for i in [*IDS, "r5"]), "more lines than"),
+    (b"not json\n", "output line 1 is not JSON"),
+]
+
+
+@pytest.mark.parametrize("given_input", [False, True], ids=["input-read", "input-given"])
+@pytest.mark.parametrize(("output", "why"), BAD_OUTPUTS)
+async def test_an_inline_output_checked_whole_is_refused_as_a_streamed_one_is(
+        tmp_path: Path, output: bytes, why: str, given_input: bool) -> None:
+    store = LocalStore(tmp_path)
+    token = uuid.uuid4()
+    lease = await _lease(store, token)
+    await store.put_bytes(lease["output_key"], output)
+    with pytest.raises(OutputMismatch) as streamed:
+        await copy_verified(store, lease, token)  # read from the output key: the streaming check
+    given = b"".join(jsoncodec.dumps_line({"id": i, "ms": 1}) for i in IDS) if given_input else None
+    with pytest.raises(OutputMismatch) as whole:
+        await copy_verified(store, lease, token, output, given)
+    assert str(whole.value) == str(streamed.value) and why in str(whole.value)
+    assert _files(store, "results") == []
+
+
+async def test_an_inline_output_is_checked_against_the_input_the_claim_read(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    token = uuid.uuid4()
+    lease = await _lease(store, token)
+    output = b"".join(jsoncodec.dumps_line({"id": i, "slept_ms": 1}) for i in IDS)
+    verified = await copy_verified(store, lease, token, output)  # the input range read here
+    assert (verified.sha256, verified.size) == (hashlib.sha256(output).digest(), len(output))
+    assert (store.root / verified.key).read_bytes() == output
+    # Given the claim's bytes, those are what it answers to (other ids: refused).
+    other = b"".join(jsoncodec.dumps_line({"id": f"x{i}", "ms": 1}) for i in range(5))
+    with pytest.raises(OutputMismatch, match='record 1 of the subtask has id "x0"'):
+        await copy_verified(store, lease, token, output, other)
+    await store.delete(lease["input_uri"])
+    with pytest.raises(StoreError, match="is gone"):
+        await copy_verified(store, lease, token, output)

@@ -82,6 +82,11 @@ class ObjectStore(Protocol):
         """Stream bytes [start, end) of an object (end None: to the end). Raises ObjectNotFound."""
         ...
 
+    async def read_bytes(self, uri: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object in one piece (one request, one thread hop): for small
+        ranges, the hot path's inline inputs. Raises ObjectNotFound."""
+        ...
+
     async def delete(self, uri: str) -> None:
         ...
 

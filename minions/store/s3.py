@@ -209,6 +209,9 @@ class S3Store:
             except (ClientError, BotoCoreError) as e:
                 raise StoreError(f"cannot read {uri}: {e}") from e
 
+    async def read_bytes(self, uri: str, start: int, end: int) -> bytes:
+        return b"".join([chunk async for chunk in self.read(uri, start, end)])  # one ranged GET
+
     async def presign_get(self, uri: str, expires_s: float) -> str:
         bucket, key = parse_s3_uri(uri)
         return await self._presign("get_object", bucket, key, expires_s)

@@ -177,7 +177,8 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
     try:
         if _hung_up(request):
             raise ConnectionResetError
-        leases = await asyncio.gather(*(_lease(request, row) for row in rows))
+        inputs = await _inline_inputs(request.app[STORE], rows, request.app[SETTINGS].inline_input_bytes)
+        leases = await asyncio.gather(*(_lease(request, row, data) for row, data in zip(rows, inputs, strict=True)))
     except (StoreError, ConnectionResetError):
         # The claim committed but the executor cannot be told: hand it back now rather than leave
         # it to the watchdog (the executor keeps heartbeating).
@@ -187,17 +188,16 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
             return web.Response(status=204)
         raise
     facts = request.app[LEASES]
-    for row in rows:
-        facts.remember(row)
+    for row, data in zip(rows, inputs, strict=True):
+        facts.remember(row, data)
     message: protocol.Lease | protocol.LeaseBatch = protocol.LeaseBatch(leases=leases) if batched else leases[0]
     return json_response(protocol.to_builtins(message))
 
 
-async def _lease(request: web.Request, row: Any) -> protocol.Lease:
-    store, settings = request.app[STORE], request.app[SETTINGS]
+async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol.Lease:
+    store = request.app[STORE]
     lifetime = max(URL_LIFETIME_S, 2 * request.app[CLUSTER].lease_timeout_s)
     start, end = row["byte_start"], row["byte_end"]
-    data = await _inline_input(store, row["input_uri"], start, end, settings.inline_input_bytes)
     return protocol.Lease(
         lease=protocol.LeaseTerms(token=str(row["lease_token"]), expires_at=row["expires_at"].isoformat(),
                                   backup=row["backup"]),
@@ -205,22 +205,47 @@ async def _lease(request: web.Request, row: Any) -> protocol.Lease:
             team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
             attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
             input=protocol.InputRef(url=await store.presign_get(row["input_uri"], lifetime), range=[start, end],
-                                    records=row["records"], data=data),
+                                    records=row["records"], data=_as_text(data)),
             output=protocol.OutputRef(url=await store.presign_put(row["output_key"], lifetime)),
         ),
     )
 
 
-async def _inline_input(store: ObjectStore, uri: str, start: int, end: int, limit: int) -> str | None:
-    """A small range's bytes, to ride in the answer (no GET for the executor); None when it is over
-    `limit`, unreadable or not UTF-8 text (the executor then fetches it from `url`)."""
-    if end - start > limit:
-        return None
+async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> list[bytes | None]:
+    """Each lease's input range when it is at most `limit` bytes (to ride in the answer: no GET for
+    the executor), else None; None too when it cannot be read (the executor's GET meets the same
+    trouble, and reports it as it always has). The ranges of one input object are read in one go
+    when they lie close together (a batch's usually follow one another)."""
+    small: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row["byte_end"] - row["byte_start"] <= limit:
+            small.setdefault(row["input_uri"], []).append(i)
+    found: list[bytes | None] = [None] * len(rows)
+
+    async def read(uri: str, members: list[int]) -> None:
+        start = min(rows[i]["byte_start"] for i in members)
+        end = max(rows[i]["byte_end"] for i in members)
+        spans = [(rows[i]["byte_start"], rows[i]["byte_end"]) for i in members]
+        if end - start > sum(e - s for s, e in spans) + limit:  # far apart: each on its own
+            await asyncio.gather(*(read(uri, [i]) for i in members))
+            return
+        try:
+            data = await store.read_bytes(uri, start, end)
+        except StoreError:
+            return
+        for i, (s, e) in zip(members, spans, strict=True):
+            found[i] = data[s - start:e - start]
+
+    await asyncio.gather(*(read(uri, members) for uri, members in small.items()))
+    return found
+
+
+def _as_text(data: bytes | None) -> str | None:
+    """Inline input is JSONL text; bytes that are not UTF-8 are left to the executor's GET."""
     try:
-        data = b"".join([chunk async for chunk in store.read(uri, start, end)])
-        return data.decode("utf-8")
-    except (StoreError, UnicodeDecodeError):
-        return None  # the executor's GET meets the same trouble, and reports it as it always has
+        return None if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 @routes.post("/api/v1/executors/{executor_id}/heartbeat")

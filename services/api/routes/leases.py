@@ -116,7 +116,8 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
         try:
             if completion.records != lease.live["records"]:
                 _verdict("records_mismatch")
-            verified = await _verify(request.app[STORE], lease.live, lease.token, inline)
+            verified = await _verify(request.app[STORE], lease.live, lease.token, inline,
+                                     request.app[LEASES].input_of(lease.token))
         except ApiError:
             if await _still_live(request, lease):
                 raise
@@ -192,12 +193,13 @@ def _lock_key(lease: _Lease) -> tuple[int, int, str]:
     return (live["task_id"], live["subtask_id"], lease.raw) if live is not None else (0, 0, lease.raw)
 
 
-async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None) -> VerifiedOutput:
+async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None,
+                  input_data: bytes | None) -> VerifiedOutput:
     """The output checked against the subtask's input and copied to its result key; 409
     output_missing or 422 output_mismatch (the lease stays live: the executor may fix it and
     complete again, or fail it)."""
     try:
-        return await copy_verified(store, live, token, inline)
+        return await copy_verified(store, live, token, inline, input_data)
     except ObjectNotFound:
         raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing") \
             from None
