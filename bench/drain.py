@@ -8,12 +8,16 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 task-progress functions as shipped at b1943b0 (bench/baseline_b1943b0.sql, applied
                 over the schema in the scratch database): every complete updates the task's row.
   sql-new       the same loop with the functions of this tree (sql/180_task_progress_slots.sql).
+  sql-batch10   the batched steps the API runs: minion_claim_batch of 10, then minion_complete_batch
+                of the leases won, in (task, subtask) order (sql/170, sql/220).
   pgq-batch10   PgQueuer 1.6 (`pip install -e .[bench]`): `--clients` QueueManagers, one
                 connection each, drain no-op jobs with batch_size=10.
   pgq-batch1    the same, batch_size=1 (unbatched).
   latency       submit -> first lease, direct SQL: minion_submit_task of a one-record task split
                 in its transaction, an idle executor woken by the 'subtasks' NOTIFY claims it;
-                beside PgQueuer's enqueue -> entrypoint start (`--latency` samples each).
+                and through the API (the real services): POST /api/v1/tasks of a one-record inline
+                task until an executor waiting in its long-poll claim holds the lease; beside
+                PgQueuer's enqueue -> entrypoint start (`--latency` samples each).
   http-unbatched  the real services (API, splitter, watchdog as processes, minions/testing/processes.py)
                 on the run's database with a local-folder store, and `--clients` simulated executors
                 in this process (the agent's ExecutorClient, aiohttp, one session each; outputs by
@@ -21,6 +25,9 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 (no `max`) -> GET the input range from its URL -> PUT the output to its URL ->
                 complete. The API runs with MINIONS_INLINE_INPUT_BYTES=0, so the claim carries no
                 inline input and the four requests are really four.
+  http-inline1  the same services, inline inputs on (the default 64 KiB): one subtask per request, as
+                unbatched, but its input rides in the claim's answer and its output in the complete:
+                claim (no `max`) -> complete with `output`, two requests a subtask.
   http-batch10  the same services (inline inputs on, the default 64 KiB): each executor claims with
                 `max=10`, reads the inputs inline from the claim's answer and completes all its
                 leases in one `POST /api/v1/leases/complete` carrying the outputs inline: two
@@ -89,7 +96,8 @@ from minions.testing.processes import Services  # noqa: E402
 
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
-ALL_ARMS = ("sql-baseline", "sql-new", "pgq-batch10", "pgq-batch1", "http-unbatched", "http-batch10")
+ALL_ARMS = ("sql-baseline", "sql-new", "sql-batch10", "pgq-batch10", "pgq-batch1", "http-unbatched",
+            "http-inline1", "http-batch10")
 
 
 async def prepare_template(server: EmbeddedPostgres) -> None:
@@ -107,7 +115,7 @@ async def scratch(server: EmbeddedPostgres) -> tuple[str, str]:
 # --- direct SQL ---------------------------------------------------------------------------------
 
 
-async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool) -> float:
+async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: int = 1) -> float:
     conn = await connect(url)
     if baseline:
         await conn.execute(BASELINE_SQL.read_text())
@@ -118,6 +126,17 @@ async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool) -> floa
     conns = [await connect(url) for _ in range(clients)]
 
     async def drain(c: asyncpg.Connection, executor: uuid.UUID) -> None:
+        while batch > 1:
+            won = [r for r in await c.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", executor, token_id, batch)
+                   if r["verdict"] == "leased"]
+            if not won:
+                return
+            won.sort(key=lambda r: (r["task_id"], r["subtask_id"]))
+            n = len(won)
+            answers = await c.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)",
+                                    [r["lease_token"] for r in won], [r["records"] for r in won], [0.0] * n,
+                                    [None] * n, [None] * n, [None] * n)
+            assert {a["verdict"] for a in answers} == {"ok"}, answers
         while True:
             lease = await c.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
             if lease is None:
@@ -256,9 +275,35 @@ async def pgq_start_latency(url: str, n: int) -> list[float]:
     return samples
 
 
-async def latency_all(server: EmbeddedPostgres, n: int) -> dict[str, list[float]]:
+async def http_submit_latency(url: str, n: int, args: argparse.Namespace) -> list[float]:
+    """Through the API: `POST /api/v1/tasks` of a one-record inline task (split in its transaction),
+    until an executor long-polling `claim?max=10` (waiting before the submit, woken by the NOTIFY as
+    every waiting claim is) has its lease in hand, inline input included."""
+    samples = []
+    async with running_services(url, args) as (services, admin_token, executor_token), \
+            MinionsClient(services.api_url, admin_token) as submitter, \
+            ExecutorClient(services.api_url, executor_token) as executor:
+        executor_id = (await executor.register({"name": "latency", "hardware": {"os": "bench", "device": "cpu"},
+                                                 "kinds": ["sleep"]})).executor_id
+        for i in range(n):
+            claiming = asyncio.create_task(executor.claim_batch(executor_id, 5, 10))
+            await asyncio.sleep(0.02)  # waiting in its long poll
+            start = time.perf_counter()
+            await submitter.submit({"team": TEAM, "project": PROJECT, "name": f"lat-{i}", "kind": "sleep",
+                                    "input": {"records": [{"id": "r0", "ms": 0}]}, "subtask_size": 1})
+            claims = await claiming
+            samples.append(time.perf_counter() - start)
+            assert len(claims) == 1 and claims[0].subtask.input.data is not None, claims
+            await executor.complete(claims[0].token, 1, 0.0, output=b'{"id": "r0", "slept_ms": 0}\n')
+    return samples
+
+
+async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
-    for arm, measure in (("submit-sql", sql_submit_latency), ("pgq-enqueue", pgq_start_latency)):
+    arms: tuple[tuple[str, Callable[[str, int], Awaitable[list[float]]]], ...] = (
+        ("submit-sql", sql_submit_latency), ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
+        ("pgq-enqueue", pgq_start_latency))
+    for arm, measure in arms:
         if arm.startswith("pgq"):
             try:
                 import pgqueuer  # noqa: F401
@@ -340,10 +385,22 @@ async def check_results(services: Services, admin_token: str, name: str, records
 
 async def sim_executor(client: ExecutorClient, executor_id: str, batch: int) -> int:
     """Drains until a claim (`wait=0`) answers 204; subtasks completed. batch 1: claim without
-    `max`, GET, PUT, complete; else claim `max=batch`, inline inputs, one batched complete."""
+    `max`, GET, PUT, complete; batch 0: claim without `max`, inline input, complete with the output
+    inline; else claim `max=batch`, inline inputs, one batched complete."""
     runner = SleepRunner()
     done = 0
     while True:
+        if batch == 0:
+            claim = await client.claim(executor_id, 0)
+            if claim is None:
+                return done
+            sub = claim.subtask
+            assert sub.input.data is not None, "no inline input in the inline arm"
+            records = parse_records(await client.download(sub.input), sub.input.records)  # inline: no request
+            output = encode_outputs(records, await runner.run(sub, records))
+            await client.complete(claim.token, len(records), 0.0, output=output)
+            done += 1
+            continue
         if batch == 1:
             claim = await client.claim(executor_id, 0)
             if claim is None:
@@ -496,6 +553,8 @@ def arm_runner(server: EmbeddedPostgres, arm: str, args: argparse.Namespace,
         return lambda url: sql_arm(url, args.subtasks, args.clients, baseline=True)
     if arm == "sql-new":
         return lambda url: sql_arm(url, args.subtasks, args.clients, baseline=False)
+    if arm == "sql-batch10":
+        return lambda url: sql_arm(url, args.subtasks, args.clients, baseline=False, batch=10)
     if arm.startswith("pgq-"):
         try:
             import pgqueuer  # noqa: F401
@@ -504,7 +563,8 @@ def arm_runner(server: EmbeddedPostgres, arm: str, args: argparse.Namespace,
         batch = int(arm.removeprefix("pgq-batch"))
         return lambda url: pgq_arm(url, args.subtasks, args.clients, batch)
     if arm.startswith("http-"):
-        batch = 1 if arm == "http-unbatched" else int(arm.removeprefix("http-batch"))
+        batches = {"http-unbatched": 1, "http-inline1": 0}
+        batch = batches[arm] if arm in batches else int(arm.removeprefix("http-batch"))
         return lambda url: http_arm(server, url, args, batch)
     raise AssertionError(arm)
 
@@ -533,7 +593,8 @@ async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[st
 def table(rates: dict[str, list[float]]) -> str:
     medians = {arm: statistics.median(v) for arm, v in rates.items()}
     refs = {"sql-new": "sql-baseline", "pgq-batch1": "pgq-batch10", "sql-baseline": "pgq-batch10",
-            "http-unbatched": "sql-new", "http-batch10": "pgq-batch10"}
+            "http-unbatched": "sql-new", "http-inline1": "sql-new", "http-batch10": "pgq-batch10",
+            "sql-batch10": "pgq-batch10"}
     lines = ["| arm | per s (median) | runs | ratio |", "|---|---:|---|---|"]
     for arm, m in medians.items():
         ref = refs.get(arm)
@@ -589,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(runs: {', '.join(f'{s:.2f}' for s, _ in spans)}; first lease -> last complete: "
                   f"{', '.join(f'{d:.2f}' for _, d in spans)})")
         if args.latency:
-            lat = asyncio.run(latency_all(server, args.latency))
+            lat = asyncio.run(latency_all(server, args.latency, args))
             print()
             print("| latency | p50 ms | p99 ms | p50 ratio |\n|---|---:|---:|---|")
             ref = _p50_p99(lat["pgq-enqueue"])[0] if "pgq-enqueue" in lat else None
