@@ -1,4 +1,4 @@
-"""The batched steps in SQL (sql/220_batched_steps_set_based.sql): a batched claim takes what the
+"""The batched steps in SQL (sql/220_hot_path_steps.sql): a batched claim takes what the
 same number of single claims would, in the same order, and a batched complete or fail ends its tasks
 exactly once, deciding after its last close."""
 

@@ -1,5 +1,5 @@
--- The batched protocol's steps, set-based where it pays (issue 11; `pg_stat_user_functions` of a
--- batched drain showed where the time went, BENCHMARKS.md "Batched steps, set-based"):
+-- The per-subtask steps, leaner where it pays (issue 11; `pg_stat_user_functions` of a batched drain
+-- showed where the time went, BENCHMARKS.md "Drain, third round"):
 --
 -- 1. A batched claim took its N subtasks one minion_claim_in at a time: N probes of the queue index,
 --    each stepping again over the entries its predecessors had just left behind, then a second
@@ -10,6 +10,9 @@
 --    close of a task in the batch can end it (an earlier one sees the later leases of the same
 --    batch still open), so the batch now decides once per task, after its last close, in task
 --    order: the decision that used to be the batch's last, the others were waste.
+-- 3. Every close of a big task summed the task's progress slots (a row per connection) before it
+--    probed for a pending subtask, the answer nearly every close gets ("one is pending: a later
+--    closer decides"). The probe now comes first; the sum only at a task's tail.
 --
 -- The single-lease functions (minion_claim, minion_complete, minion_fail, …) are unchanged, and each
 -- lease of a batch is still taken or ended by them or exactly as they would: same fencing, same
@@ -257,4 +260,34 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     PERFORM minion_settle_after_batch(task_ids);
+END $$;
+
+-- (Replaces 180's: the pending probe first, the slots' sum only when nothing is pending. A pending
+-- subtask is open, so the sum could not have said "all closed": the same decisions, cheaper.)
+CREATE OR REPLACE FUNCTION minion_task_try_settle(p_task_id bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+BEGIN
+    SELECT split_done, status, kind, model, priority, open_subtasks INTO t FROM tasks WHERE id = p_task_id;
+    IF NOT FOUND OR NOT t.split_done OR t.status NOT IN ('splitting', 'queued', 'running') THEN
+        RETURN;  -- not split yet: minion_finish_split decides
+    END IF;
+    -- One probe of the queue index (capability, priority and task known).
+    PERFORM 1 FROM subtasks s
+      WHERE s.state = 'pending' AND s.capability = minion_capability(t.kind, t.model)
+        AND s.priority = t.priority AND s.task_id = p_task_id
+      LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    IF t.open_subtasks - (minion_task_slot_sums(p_task_id)).closed <= 0 THEN
+        PERFORM minion_task_settle(p_task_id);
+        RETURN;
+    END IF;
+    PERFORM 1 FROM subtasks s WHERE s.task_id = p_task_id AND s.state = 'leased'
+      LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('tasks', p_task_id::text);
 END $$;
