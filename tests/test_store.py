@@ -553,3 +553,17 @@ async def test_s3_presign_limits(s3: S3Store) -> None:
         await s3.presign_put("x", 8 * 24 * 3600)
     with pytest.raises(InvalidKey):
         await s3.presign_put("../x", 60)
+
+
+async def test_local_small_writes_of_one_moment_land_each_and_fail_alone(local: LocalStore) -> None:
+    await local.put_bytes("taken/file", b"x")  # a file where the next key wants a folder
+    keys = [f"results/{i}.jsonl" for i in range(20)]
+    outcomes = await asyncio.gather(*(local.put_bytes(k, k.encode()) for k in keys),
+                                    local.put_bytes("taken/file/child", b"y"), return_exceptions=True)
+    assert outcomes[:20] == [local.uri_for(k) for k in keys]
+    assert isinstance(outcomes[20], StoreError)
+    for k in keys:
+        assert await local.read_bytes(local.uri_for(k), 0, 100) == k.encode()
+    # Nothing half-written is left behind, and the next moment's writes go through as well.
+    assert not [p for p in local.root.rglob("*.tmp")]
+    assert await local.put_bytes("results/late.jsonl", b"z") == local.uri_for("results/late.jsonl")
