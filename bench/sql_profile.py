@@ -1,0 +1,108 @@
+"""Where PostgreSQL spends its time on the per-subtask path: the lease functions' own (self) and total
+time per subtask, from `pg_stat_user_functions` with `track_functions = all`, while `--clients`
+direct-SQL clients drain one task of `--subtasks` one-record subtasks.
+
+    python bench/sql_profile.py [--subtasks 10000] [--clients 16] [--batch 10]
+
+`--batch 1`: each client loops minion_claim + minion_complete (the first protocol's steps);
+`--batch N`: minion_claim_batch of N + minion_complete_batch of the leases won, in (task, subtask)
+order, as the API runs them. Times are wall time inside each function summed over the backends
+(lock waits and CPU contention included), divided by the subtasks: they add up to more than the
+elapsed time, and they compare functions of one run with each other, not runs with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+from minions.db.connect import connect  # noqa: E402
+from minions.db.migrate import migrate  # noqa: E402
+from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
+from minions.testing.factories import make_executor, make_task, make_token  # noqa: E402
+
+
+async def drain(c: asyncpg.Connection, executor: uuid.UUID, token_id: int, batch: int) -> int:
+    done = 0
+    while batch == 1:
+        lease = await c.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
+        if lease is None:
+            return done
+        verdict = await c.fetchval("SELECT minion_complete($1, $2, 0.0)", lease["lease_token"], lease["records"])
+        assert verdict == "ok", verdict
+        done += 1
+    while True:
+        won = [r for r in await c.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", executor, token_id, batch)
+               if r["verdict"] == "leased"]
+        if not won:
+            return done
+        won.sort(key=lambda r: (r["task_id"], r["subtask_id"]))
+        n = len(won)
+        answers = await c.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)",
+                                [r["lease_token"] for r in won], [r["records"] for r in won], [0.0] * n,
+                                [f"results/{uuid.uuid4()}" for _ in won], [bytes(32)] * n, [10] * n)
+        assert {a["verdict"] for a in answers} == {"ok"}, answers
+        done += n
+
+
+async def run(url: str, args: argparse.Namespace) -> None:
+    await migrate(url)
+    conn = await connect(url)
+    _, token_id = await make_token(conn, "executor")
+    executors = [await make_executor(conn, token_id, name=f"profile-{i}") for i in range(args.clients)]
+    await make_task(conn, subtasks=args.subtasks)
+    await conn.execute("VACUUM ANALYZE")
+    await conn.execute("SELECT pg_stat_reset()")
+    clients = [await connect(url) for _ in range(args.clients)]
+    for c in clients:
+        await c.execute("SET track_functions = 'all'")
+    started = time.perf_counter()
+    done = await asyncio.gather(*(drain(c, e, token_id, args.batch) for c, e in zip(clients, executors, strict=True)))
+    elapsed = time.perf_counter() - started
+    for c in clients:
+        await c.close()  # a backend's counters reach the shared view when it exits
+    await asyncio.sleep(1)
+    rows = await conn.fetch("SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions "
+                            "WHERE calls > 0 ORDER BY self_time DESC")
+    await conn.close()
+    n = sum(done)
+    print(f"{n} subtasks, {args.clients} clients, batch {args.batch}: {elapsed:.2f} s = {n / elapsed:,.0f}/s")
+    print("| function | calls | self us/subtask | total us/subtask |\n|---|---:|---:|---:|")
+    for r in rows:
+        self_us, total_us = r["self_time"] * 1000 / n, r["total_time"] * 1000 / n
+        print(f"| {r['funcname']} | {r['calls']:,} | {self_us:.1f} | {total_us:.1f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--subtasks", type=int, default=10000)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--batch", type=int, default=10, help="1: minion_claim + minion_complete; N: the batched steps")
+    args = p.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="minions-bench-sqlprofile-"))
+    server = EmbeddedPostgres(root / "pgdata")
+    try:
+        server.start()
+        asyncio.run(run(server.url, args))
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
