@@ -65,7 +65,6 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 import warnings
@@ -82,6 +81,7 @@ if str(ROOT) not in sys.path:
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 from bench.claim import admin  # noqa: E402
+from bench.scratch import scratch_postgres  # noqa: E402
 from minions import jsoncodec, protocol  # noqa: E402
 from minions.agents.macos.client import ExecutorClient  # noqa: E402
 from minions.agents.macos.jsonl import encode_outputs, parse_records  # noqa: E402
@@ -629,10 +629,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="minions-bench-drain-"))
-    server = EmbeddedPostgres(root / "pgdata", fast=args.fsync_off)
-    try:
-        server.start()
+    with scratch_postgres("minions-bench-drain-", fast=args.fsync_off) as (server, root):
         print(f"# drain: {platform.node()}, nproc={os.cpu_count()}; {args.subtasks} one-record subtasks, "
               f"{args.clients} clients, {args.runs} runs per arm alternating, "
               f"{'fsync=off' if args.fsync_off else 'fsync on'}")
@@ -658,9 +655,6 @@ def main(argv: list[str] | None = None) -> int:
                 p50, p99 = _p50_p99(samples)
                 ratio = f"{p50 / ref:.2f}x pgq-enqueue" if ref and arm != "pgq-enqueue" else ""
                 print(f"| {arm} | {p50:.2f} | {p99:.2f} | {ratio} |")
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

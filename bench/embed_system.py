@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -44,6 +42,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 from bench.drain import PROJECT, TEAM, check_end_state, running_services  # noqa: E402
 from bench.embed_agent import MODEL, agent_subtask, sentences  # noqa: E402
+from bench.scratch import scratch_postgres  # noqa: E402
 from minions.agents.macos.runners.embedding import EmbeddingRunner  # noqa: E402
 from minions.agents.macos.runners.torch_setup import TorchSettings  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
@@ -143,15 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subtask-size", type=int, default=500, help="records per subtask (the embedding kind's default)")
     p.add_argument("--api-workers", type=int, default=1, help="`minions api --workers` (one agent needs one)")
     args = p.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="minions-bench-embed-"))
-    server = EmbeddedPostgres(root / "pgdata")
-    try:
-        server.start()
+    with scratch_postgres("minions-bench-embed-") as (server, root):
         args.workdir = str(root)
         rates = asyncio.run(run(args, server))
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
     median = {arm: statistics.median(v) for arm, v in rates.items()}
     print(f"\n{args.sentences} sentences, {args.threads} torch threads, subtasks of {args.subtask_size}, "
           f"median of {args.rounds} alternating rounds")

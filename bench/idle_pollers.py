@@ -30,10 +30,8 @@ import asyncio
 import itertools
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -49,6 +47,7 @@ if str(ROOT) not in sys.path:
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 from bench.drain import running_services  # noqa: E402
+from bench.scratch import scratch_postgres  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -144,15 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=3, help="long-poll cycles measured")
     p.add_argument("--api-workers", type=int, default=os.cpu_count() or 1, help="`minions api --workers`")
     args = p.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="minions-bench-idle-"))
-    server = EmbeddedPostgres(root / "pgdata")
-    try:
-        server.start()
+    with scratch_postgres("minions-bench-idle-") as (server, root):
         args.workdir = str(root)
         r = asyncio.run(run(args, server))
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
     print(f"{r['executors']} idle executors long-polling (wait {r['wait_s']:g} s; a cycle took {r['cycle_s']:.3f} s), "
           f"window {r['window_s']:.2f} s = {r['cycles']:.2f} cycles: claims answered {r['answered']}")
     print(f"  claim statements: {r['claim_statements']} = {r['claims_per_executor_cycle']:.3f} per executor per "

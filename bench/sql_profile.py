@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 import warnings
@@ -30,9 +28,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench.scratch import scratch_postgres  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
-from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
 from minions.testing.factories import make_executor, make_task, make_token  # noqa: E402
 
 
@@ -93,14 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--batch", type=int, default=10, help="1: minion_claim + minion_complete; N: the batched steps")
     args = p.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="minions-bench-sqlprofile-"))
-    server = EmbeddedPostgres(root / "pgdata")
-    try:
-        server.start()
+    with scratch_postgres("minions-bench-sqlprofile-") as (server, _root):
         asyncio.run(run(server.url, args))
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

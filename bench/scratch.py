@@ -1,0 +1,26 @@
+"""A scratch PostgreSQL for one benchmark run: started in a fresh temporary folder (also the run's
+work folder), stopped and removed afterwards, whatever happens."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from minions.embedded_pg import EmbeddedPostgres
+
+
+@contextlib.contextmanager
+def scratch_postgres(prefix: str, *, fast: bool = False) -> Iterator[tuple[EmbeddedPostgres, Path]]:
+    """(the started server, its temporary folder); `fast`: fsync off (figures that do not measure
+    durability)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(root / "pgdata", fast=fast)
+    try:
+        server.start()
+        yield server, root
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
