@@ -39,6 +39,8 @@ BEGIN
     IF p_n < 1 THEN
         RETURN '{}';
     END IF;
+    -- The whole queue and a team's queue are two statements, not one with `p_team IS NULL OR`: each
+    -- keeps its own partial index (subtasks_pending_queue, subtasks_pending_team) in a cached plan.
     IF p_team IS NULL THEN
         SELECT coalesce(array_agg(q.task_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}'),
                coalesce(array_agg(q.subtask_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}')
