@@ -5,7 +5,8 @@
 --    each stepping again over the entries its predecessors had just left behind, then a second
 --    UPDATE of every won row to shift its leased_at by a microsecond (a third row version per
 --    subtask, with its index entries). Now each filter (preference tier) is probed once for as many
---    as are still wanted, and the won rows are stamped leased, leased_at shifted, in one UPDATE.
+--    as are still wanted, and the won rows are stamped leased, leased_at shifted, in one UPDATE
+--    (for an executor of one capability; one of several still takes them one at a time, see below).
 -- 2. A batched complete or fail decided each task's end after every close it made. Only the last
 --    close of a task in the batch can end it (an earlier one sees the later leases of the same
 --    batch still open), so the batch now decides once per task, after its last close, in task
@@ -14,67 +15,78 @@
 --    probed for a pending subtask, the answer nearly every close gets ("one is pending: a later
 --    closer decides"). The probe now comes first; the sum only at a task's tail.
 --
--- The single-lease functions (minion_claim, minion_complete, minion_fail, …) are unchanged, and each
--- lease of a batch is still taken or ended by them or exactly as they would: same fencing, same
--- referee row (minion_subtask_acquirement), same verdicts.
+-- The single-lease entry points (minion_claim, minion_complete, minion_fail, …) are unchanged; the
+-- two they share with batches and replace here (minion_subtask_closed, minion_task_try_settle) make
+-- the same decisions. Each lease of a batch is still taken or ended exactly as a single call would:
+-- same fencing, same referee row (minion_subtask_acquirement), same verdicts.
 
 -- Up to p_n pending subtasks in one filter (minion_claim_in's filters: the whole queue, a team, a
 -- project or a task), in claim order, leased to p_executor. p_first: how many the batch holds already
 -- (their leased_at come first, a microsecond apart, so the attempts' history shows the claim order).
--- The executor's capabilities are probed each for up to p_n and the best p_n kept: with several
--- capabilities a few more rows than are taken stay row-locked until the claim commits (other
--- claimers skip them meanwhile, as they skip each other's).
+-- An executor of one capability (the common case: one kind and model) gets its p_n in one probe of
+-- the queue index. With several, it takes one subtask at a time, the best head among them, as
+-- minion_claim_in does: probing each capability for p_n at once would keep up to p_n rows of every
+-- capability locked, untaken, until the claim commits, hidden from the claimers that serve only that
+-- capability (who would wait out their long poll with work pending).
 -- Returns the new lease tokens, in claim order ('{}' when nothing in the filter is pending).
 CREATE FUNCTION minion_claim_some_in(p_executor uuid, p_caps text[], p_team text, p_project text,
                                      p_task_name text, p_n integer, p_first integer)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
+    caps text[] := ARRAY(SELECT DISTINCT c FROM unnest(p_caps) AS c);
     task_ids bigint[] := '{}';
     subtask_ids integer[] := '{}';
     more_tasks bigint[];
     more_subtasks integer[];
     t record;
-    toks uuid[];
+    tok uuid;
+    toks uuid[] := '{}';
 BEGIN
     IF p_n < 1 THEN
         RETURN '{}';
     END IF;
+    IF p_project IS NULL AND cardinality(caps) <> 1 THEN
+        FOR k IN 1 .. p_n LOOP
+            tok := minion_claim_in(p_executor, caps, p_team, NULL, NULL);
+            EXIT WHEN tok IS NULL;
+            toks := toks || tok;
+        END LOOP;
+        IF p_first > 0 OR cardinality(toks) > 1 THEN  -- minion_claim_in stamps now(): shifted here
+            UPDATE subtasks s
+               SET leased_at = s.leased_at + (p_first + array_position(toks, s.lease_token) - 1) * interval '1 microsecond'
+             WHERE s.lease_token = ANY (toks);
+        END IF;
+        RETURN toks;
+    END IF;
     -- The whole queue and a team's queue are two statements, not one with `p_team IS NULL OR`: each
     -- keeps its own partial index (subtasks_pending_queue, subtasks_pending_team) in a cached plan.
-    IF p_team IS NULL THEN
+    IF p_project IS NULL AND p_team IS NULL THEN
         SELECT coalesce(array_agg(q.task_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}'),
                coalesce(array_agg(q.subtask_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}')
           INTO task_ids, subtask_ids
-          FROM (SELECT l.priority, l.task_id, l.subtask_id
-                  FROM unnest(p_caps) AS c(cap)
-                 CROSS JOIN LATERAL (
-                       SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
-                        WHERE s.state = 'pending' AND s.capability = c.cap
-                        ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n
-                          FOR UPDATE SKIP LOCKED) l
-                 ORDER BY l.priority DESC, l.task_id, l.subtask_id LIMIT p_n) q;
+          FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
+                 WHERE s.state = 'pending' AND s.capability = caps[1]
+                 ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n
+                   FOR UPDATE SKIP LOCKED) q;
     ELSIF p_project IS NULL THEN
         SELECT coalesce(array_agg(q.task_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}'),
                coalesce(array_agg(q.subtask_id ORDER BY q.priority DESC, q.task_id, q.subtask_id), '{}')
           INTO task_ids, subtask_ids
-          FROM (SELECT l.priority, l.task_id, l.subtask_id
-                  FROM unnest(p_caps) AS c(cap)
-                 CROSS JOIN LATERAL (
-                       SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
-                        WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
-                        ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n
-                          FOR UPDATE SKIP LOCKED) l
-                 ORDER BY l.priority DESC, l.task_id, l.subtask_id LIMIT p_n) q;
+          FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
+                 WHERE s.state = 'pending' AND s.team = p_team AND s.capability = caps[1]
+                 ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n
+                   FOR UPDATE SKIP LOCKED) q;
     ELSE
         -- A project or a task: its few open task rows in claim order, each an O(log n) probe of the
-        -- queue index for what is still wanted (as minion_claim_in).
+        -- queue index for what is still wanted (as minion_claim_in). One capability per task, so
+        -- nothing is locked that is not taken.
         FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap FROM tasks
                   WHERE team = p_team AND project = p_project
                     AND (p_task_name IS NULL OR name = p_task_name)
                     AND NOT (status IN ('completed', 'failed', 'cancelled'))
                   ORDER BY priority DESC, id LOOP
             EXIT WHEN cardinality(task_ids) >= p_n;
-            CONTINUE WHEN NOT (t.cap = ANY (p_caps));
+            CONTINUE WHEN NOT (t.cap = ANY (caps));
             SELECT coalesce(array_agg(q.task_id ORDER BY q.subtask_id), '{}'),
                    coalesce(array_agg(q.subtask_id ORDER BY q.subtask_id), '{}')
               INTO more_tasks, more_subtasks
@@ -104,8 +116,8 @@ BEGIN
     RETURN toks;
 END $$;
 
--- (Replaces 170's: each preference tier, then the whole queue, probed once for what is still wanted;
--- the rows stamped in that one UPDATE. Same verdicts, same rows.)
+-- (Replaces 170's: each preference tier, then the whole queue, asked once for what is still wanted.
+-- Same verdicts; the same subtasks in the same order as 170's one-at-a-time loop.)
 CREATE OR REPLACE FUNCTION minion_claim_batch(p_executor uuid, p_token_id bigint, p_max integer,
                                               p_backup_factor double precision DEFAULT 0)
 RETURNS TABLE (verdict text, capabilities text[], owner bigint, lease_token uuid, expires_at timestamptz,

@@ -107,3 +107,29 @@ async def test_a_batched_fail_out_of_attempts_fails_the_task_once(database_url: 
     assert await conn.fetchval("SELECT error FROM tasks WHERE id = $1", task_id) == \
         "subtask 0 failed after 1 attempt(s): boom"  # the first failure's reason
     await conn.close()
+
+
+async def test_a_batch_of_a_many_capability_executor_hides_at_most_one_row_of_each_from_others(
+        database_url: str) -> None:
+    conn, token_id = await _setup(database_url)
+    await make_task(conn, subtasks=40, priority=5)
+    embed = await make_task(conn, subtasks=5, kind="embedding", model="m1")
+    both = await make_executor(conn, token_id, kinds=("sleep", "embedding"), models=("m1",))
+    only_embedding = await make_executor(conn, token_id, kinds=("embedding",), models=("m1",))
+    holder = await connect(database_url)
+    try:
+        async with holder.transaction():  # the many-capability claim, not yet committed
+            won = await _claim(holder, both, token_id, 10)
+            assert len(won) == 10 and {r["kind"] for r in won} == {"sleep"}
+            # Another executor that serves only embeddings still finds them: the claim in flight
+            # holds at most the head of that capability (as one-at-a-time claims always did).
+            other = await _claim(conn, only_embedding, token_id, 10)
+            assert [r["task_id"] for r in other] == [embed] * len(other) and len(other) >= 4
+    finally:
+        await holder.close()
+    # A capability named twice is one capability (no row leased twice).
+    ex = await make_executor(conn, token_id)
+    await make_task(conn, subtasks=3)
+    tokens = await conn.fetchval("SELECT minion_claim_some_in($1, '{sleep:*,sleep:*}', NULL, NULL, NULL, 5, 0)", ex)
+    assert len(set(tokens)) == len(tokens) == 5
+    await conn.close()

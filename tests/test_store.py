@@ -555,7 +555,7 @@ async def test_s3_presign_limits(s3: S3Store) -> None:
         await s3.presign_put("../x", 60)
 
 
-async def test_local_small_writes_of_one_moment_land_each_and_fail_alone(local: LocalStore) -> None:
+async def test_local_concurrent_small_writes_land_each_and_fail_alone(local: LocalStore) -> None:
     await local.put_bytes("taken/file", b"x")  # a file where the next key wants a folder
     keys = [f"results/{i}.jsonl" for i in range(20)]
     outcomes = await asyncio.gather(*(local.put_bytes(k, k.encode()) for k in keys),

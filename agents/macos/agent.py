@@ -418,7 +418,12 @@ class Agent:
 
     async def _send_commits(self) -> None:
         while self._commits:
-            await self._linger()
+            try:
+                await self._linger()
+            except asyncio.CancelledError:
+                for c in self._commits:  # never sent: their jobs hear it, as a request cut short does
+                    c.outcome.cancel()
+                raise
             batch = [c for c in self._commits[:MAX_TOKENS] if not c.outcome.done()]  # done: its job was cancelled
             del self._commits[:MAX_TOKENS]
             if not batch:

@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import stat
-import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
@@ -76,8 +75,6 @@ class LocalStore:
         # configured (a symlinked data dir stays addressable by its configured path).
         self.root = Path(os.path.abspath(root))
         self._root_uri = self.root.as_uri().rstrip("/")
-        self._small_writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SmallWrites] = \
-            weakref.WeakKeyDictionary()
 
     @property
     def root_uri(self) -> str:
@@ -110,11 +107,8 @@ class LocalStore:
         return self.root / validate_key(key)
 
     async def put_bytes(self, key: str, data: bytes) -> str:
-        """As put_stream, each object its own temp file, fsync and rename, but in one thread hop with
-        the other put_bytes calls of the moment (_SmallWrites): the hot path's small results."""
-        path = self.path_for(key)
-        loop = asyncio.get_running_loop()
-        await self._small_writes.setdefault(loop, _SmallWrites()).write(path, data)
+        """As put_stream, in one thread hop (open, write, fsync, rename): small objects on the hot path."""
+        await asyncio.to_thread(_write_whole, self.path_for(key), data)
         return self.uri_for(key)
 
     async def put_stream(self, key: str, chunks: AsyncIterator[bytes]) -> tuple[str, int]:
@@ -227,50 +221,6 @@ def _open_for_read(path: Path, uri: str) -> tuple[BinaryIO, int]:
     except BaseException:
         fh.close()
         raise
-
-
-class _SmallWrites:
-    """Whole objects written together: put_bytes calls made while a group is being written wait for
-    the next group, and one thread hop writes a group (a batched complete of ten made ten hops, and
-    the hop, not the write, was most of the event loop's share). Per event loop."""
-
-    def __init__(self) -> None:
-        self._waiting: list[tuple[Path, bytes, asyncio.Future[None]]] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def write(self, path: Path, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._waiting.append((path, data, done))
-        if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._write_groups(), name="local-store-writes")
-        await done
-
-    async def _write_groups(self) -> None:
-        while self._waiting:
-            group, self._waiting = self._waiting, []
-            errors = await asyncio.to_thread(_write_each, [(path, data) for path, data, _ in group])
-            for (_, _, done), error in zip(group, errors, strict=True):
-                if done.done():
-                    # Its caller was cancelled: the object may exist anyway, unreferenced, as a
-                    # cancelled put_stream's commit already in its thread would have left it.
-                    continue
-                if error is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(error)
-
-
-def _write_each(items: list[tuple[Path, bytes]]) -> list[StoreError | None]:
-    errors: list[StoreError | None] = []
-    for path, data in items:
-        try:
-            _write_whole(path, data)
-        except StoreError as exc:  # this object's trouble (a full disk, a folder in the way): its caller's
-            errors.append(exc)
-        else:
-            errors.append(None)
-    return errors
 
 
 def _read_range(path: Path, uri: str, start: int, end: int) -> bytes:
