@@ -16,9 +16,9 @@
 --    closer decides"). The probe now comes first; the sum only at a task's tail.
 --
 -- The single-lease entry points (minion_claim, minion_complete, minion_fail, …) are unchanged; the
--- two they share with batches and replace here (minion_subtask_closed, minion_task_try_settle) make
--- the same decisions. Each lease of a batch is still taken or ended exactly as a single call would:
--- same fencing, same referee row (minion_subtask_acquirement), same verdicts.
+-- one they share with batches and replace here (minion_task_try_settle) makes the same decisions.
+-- Each lease of a batch is still taken or ended exactly as a single call would: same fencing, same
+-- referee row (minion_subtask_acquirement), same verdicts.
 
 -- Up to p_n pending subtasks in one filter (minion_claim_in's filters: the whole queue, a team, a
 -- project or a task), in claim order, leased to p_executor. p_first: how many the batch holds already
@@ -201,25 +201,6 @@ CREATE FUNCTION minion_settle_deferred() RETURNS boolean LANGUAGE sql STABLE AS 
     SELECT coalesce(current_setting('minions.settle_deferred', true), '') = 'on'
 $$;
 
--- (Replaces 180's: inside a batch the task's end is decided by the batch, once, after its last close.)
-CREATE OR REPLACE FUNCTION minion_subtask_closed(p_task_id bigint, p_failed boolean, p_error text DEFAULT NULL,
-                                                 p_records integer DEFAULT 0)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO task_progress_slots AS p (task_id, slot, closed, failed, records_done)
-    VALUES (p_task_id, pg_backend_pid(), 1, p_failed::int, CASE WHEN p_failed THEN 0 ELSE p_records END)
-    ON CONFLICT (task_id, slot) DO UPDATE
-       SET closed = p.closed + 1, failed = p.failed + EXCLUDED.failed,
-           records_done = p.records_done + EXCLUDED.records_done;
-    IF p_failed THEN
-        -- Rare: the task keeps its first failure's reason.
-        UPDATE tasks SET error = p_error WHERE id = p_task_id AND error IS NULL;
-    END IF;
-    IF NOT minion_settle_deferred() THEN
-        PERFORM minion_task_try_settle(p_task_id);
-    END IF;
-END $$;
-
 -- The tasks of a batch's tokens (leases and backups), in task order: read before the batch ends them
 -- (a subtask's task never changes).
 CREATE FUNCTION minion_tasks_of_tokens(p_tokens uuid[]) RETURNS bigint[] LANGUAGE sql STABLE AS $$
@@ -229,7 +210,7 @@ CREATE FUNCTION minion_tasks_of_tokens(p_tokens uuid[]) RETURNS bigint[] LANGUAG
             SELECT b.task_id FROM subtask_backups b WHERE b.lease_token = ANY (p_tokens)) x
 $$;
 
--- Starts a batch whose closes defer their task's end (see minion_subtask_closed).
+-- Starts a batch whose closes defer their task's end (see minion_task_try_settle).
 CREATE FUNCTION minion_defer_settle() RETURNS void LANGUAGE sql AS $$
     SELECT set_config('minions.settle_deferred', 'on', true)
 $$;
@@ -276,12 +257,16 @@ BEGIN
     PERFORM minion_settle_after_batch(task_ids);
 END $$;
 
--- (Replaces 180's: the pending probe first, the slots' sum only when nothing is pending. A pending
--- subtask is open, so the sum could not have said "all closed": the same decisions, cheaper.)
+-- (Replaces 180's: inside a batch the batch decides, once per task after its last close; the pending
+-- probe comes first, the slots' sum only when nothing is pending. A pending subtask is open, so the
+-- sum could not have said "all closed": the same decisions, cheaper.)
 CREATE OR REPLACE FUNCTION minion_task_try_settle(p_task_id bigint) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     t record;
 BEGIN
+    IF minion_settle_deferred() THEN
+        RETURN;  -- minion_settle_after_batch decides
+    END IF;
     SELECT split_done, status, kind, model, priority, open_subtasks INTO t FROM tasks WHERE id = p_task_id;
     IF NOT FOUND OR NOT t.split_done OR t.status NOT IN ('splitting', 'queued', 'running') THEN
         RETURN;  -- not split yet: minion_finish_split decides

@@ -119,6 +119,23 @@ async def test_inline_input_and_output_round_trip_on_the_local_store(database_ur
         assert all(f'"{i}"'.encode() in served for i in ids)
 
 
+async def test_a_complete_checks_against_the_input_its_claim_read(database_url: str, tmp_path: Path) -> None:
+    """The API keeps the inline input a claim sent (lease_facts.py) and checks the complete against
+    those bytes: no second read. The input object rewritten in between (other ids) changes nothing;
+    a re-read would refuse the output as a mismatch."""
+    async with running_api(database_url, tmp_path / "store") as api:
+        _, ids = await _task(database_url, tmp_path / "store", 2)
+        executor = await api.register("kept")
+        leases = await _claim(api, executor, 2)
+        assert len(leases) == 2 and all(lease["subtask"]["input"]["data"] for lease in leases)
+        path = tmp_path / "store" / "inputs" / "batched.jsonl"
+        path.write_bytes(path.read_bytes().replace(b'"r0', b'"x0'))
+        done = await api.call("POST", "/api/v1/leases/complete", token="executor", json={"leases": [
+            {"token": lease["lease"]["token"], "records": 1, "seconds": 0.01,
+             "output": _output(lease, ids).decode()} for lease in leases]})
+        assert done.status == 200 and [r["status"] for r in done.body["results"]] == [200, 200], done.body
+
+
 async def _name(database_url: str, task_id: int) -> str:
     conn = await asyncpg.connect(database_url)
     try:

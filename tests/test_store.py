@@ -564,6 +564,6 @@ async def test_local_concurrent_small_writes_land_each_and_fail_alone(local: Loc
     assert isinstance(outcomes[20], StoreError)
     for k in keys:
         assert await local.read_bytes(local.uri_for(k), 0, 100) == k.encode()
-    # Nothing half-written is left behind, and the next moment's writes go through as well.
+    # Nothing half-written is left behind, and later writes go through as well.
     assert not [p for p in local.root.rglob("*.tmp")]
     assert await local.put_bytes("results/late.jsonl", b"z") == local.uri_for("results/late.jsonl")
