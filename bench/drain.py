@@ -115,6 +115,32 @@ async def scratch(server: EmbeddedPostgres) -> tuple[str, str]:
 # --- direct SQL ---------------------------------------------------------------------------------
 
 
+async def sql_drain(c: asyncpg.Connection, executor: uuid.UUID, token_id: int, batch: int) -> int:
+    """One direct-SQL client until the queue is empty; subtasks completed. batch 1: minion_claim +
+    minion_complete (the first protocol's steps); N: minion_claim_batch of N + minion_complete_batch
+    of the leases won, in (task, subtask) order, as the API runs them."""
+    done = 0
+    while batch == 1:
+        lease = await c.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
+        if lease is None:
+            return done
+        verdict = await c.fetchval("SELECT minion_complete($1, $2, 0.0)", lease["lease_token"], lease["records"])
+        assert verdict == "ok", verdict
+        done += 1
+    while True:
+        won = [r for r in await c.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", executor, token_id, batch)
+               if r["verdict"] == "leased"]
+        if not won:
+            return done
+        won.sort(key=lambda r: (r["task_id"], r["subtask_id"]))
+        n = len(won)
+        answers = await c.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)",
+                                [r["lease_token"] for r in won], [r["records"] for r in won], [0.0] * n,
+                                [f"results/{uuid.uuid4()}" for _ in won], [bytes(32)] * n, [10] * n)
+        assert {a["verdict"] for a in answers} == {"ok"}, answers
+        done += n
+
+
 async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: int = 1) -> float:
     conn = await connect(url)
     if baseline:
@@ -125,27 +151,8 @@ async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: 
     await conn.execute("VACUUM ANALYZE")
     conns = [await connect(url) for _ in range(clients)]
 
-    async def drain(c: asyncpg.Connection, executor: uuid.UUID) -> None:
-        while batch > 1:
-            won = [r for r in await c.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", executor, token_id, batch)
-                   if r["verdict"] == "leased"]
-            if not won:
-                return
-            won.sort(key=lambda r: (r["task_id"], r["subtask_id"]))
-            n = len(won)
-            answers = await c.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)",
-                                    [r["lease_token"] for r in won], [r["records"] for r in won], [0.0] * n,
-                                    [None] * n, [None] * n, [None] * n)
-            assert {a["verdict"] for a in answers} == {"ok"}, answers
-        while True:
-            lease = await c.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
-            if lease is None:
-                return
-            answer = await c.fetchval("SELECT minion_complete($1, $2, 0.0)", lease["lease_token"], lease["records"])
-            assert answer == "ok", answer
-
     start = time.perf_counter()
-    await asyncio.gather(*(drain(c, e) for c, e in zip(conns, executors, strict=True)))
+    await asyncio.gather(*(sql_drain(c, e, token_id, batch) for c, e in zip(conns, executors, strict=True)))
     elapsed = time.perf_counter() - start
     for c in conns:
         await c.close()

@@ -17,44 +17,19 @@ import argparse
 import asyncio
 import sys
 import time
-import uuid
 import warnings
 from pathlib import Path
-
-import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench.drain import sql_drain  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.testing.factories import make_executor, make_task, make_token  # noqa: E402
-
-
-async def drain(c: asyncpg.Connection, executor: uuid.UUID, token_id: int, batch: int) -> int:
-    done = 0
-    while batch == 1:
-        lease = await c.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
-        if lease is None:
-            return done
-        verdict = await c.fetchval("SELECT minion_complete($1, $2, 0.0)", lease["lease_token"], lease["records"])
-        assert verdict == "ok", verdict
-        done += 1
-    while True:
-        won = [r for r in await c.fetch("SELECT * FROM minion_claim_batch($1, $2, $3)", executor, token_id, batch)
-               if r["verdict"] == "leased"]
-        if not won:
-            return done
-        won.sort(key=lambda r: (r["task_id"], r["subtask_id"]))
-        n = len(won)
-        answers = await c.fetch("SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6)",
-                                [r["lease_token"] for r in won], [r["records"] for r in won], [0.0] * n,
-                                [f"results/{uuid.uuid4()}" for _ in won], [bytes(32)] * n, [10] * n)
-        assert {a["verdict"] for a in answers} == {"ok"}, answers
-        done += n
 
 
 async def run(url: str, args: argparse.Namespace) -> None:
@@ -69,7 +44,8 @@ async def run(url: str, args: argparse.Namespace) -> None:
     for c in clients:
         await c.execute("SET track_functions = 'all'")
     started = time.perf_counter()
-    done = await asyncio.gather(*(drain(c, e, token_id, args.batch) for c, e in zip(clients, executors, strict=True)))
+    done = await asyncio.gather(*(sql_drain(c, e, token_id, args.batch)
+                                  for c, e in zip(clients, executors, strict=True)))
     elapsed = time.perf_counter() - started
     for c in clients:
         await c.close()  # a backend's counters reach the shared view when it exits
