@@ -31,7 +31,10 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
   http-batch10  the same services (inline inputs on, the default 64 KiB): each executor claims with
                 `max=10`, reads the inputs inline from the claim's answer and completes all its
                 leases in one `POST /api/v1/leases/complete` carrying the outputs inline: two
-                requests per ten subtasks.
+                requests per ten subtasks. Results of at most MINIONS_RESULT_IN_DATABASE_BYTES (4 KiB)
+                are committed in their subtask's row (sql/230), as every result here is.
+  http-batch10-objects  the same with MINIONS_RESULT_IN_DATABASE_BYTES=0: each verified result copied
+                to its own object (a file, an fsync, a rename), as before sql/230.
 The HTTP arms submit the task through the API (one record a subtask, split at submit), register
 their executors, then time the drain; claims use `wait=0`, so an executor stops at its first 204
 (the queue is empty), as the direct-SQL clients stop at their first empty claim. `--api-workers`
@@ -97,7 +100,7 @@ from minions.testing.processes import Services  # noqa: E402
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
 ALL_ARMS = ("sql-baseline", "sql-new", "sql-batch10", "pgq-batch10", "pgq-batch1", "http-unbatched",
-            "http-inline1", "http-batch10")
+            "http-inline1", "http-batch10", "http-batch10-objects")
 
 
 async def prepare_template(server: EmbeddedPostgres) -> None:
@@ -475,8 +478,9 @@ class CpuMeter:
         return f"#   CPU ms per subtask over {what}: {shares} (bench: this process; the executors, in the HTTP arms)"
 
 
-async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int) -> float:
-    env = {"MINIONS_INLINE_INPUT_BYTES": "0"} if batch == 1 else {}
+async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int, **env: str) -> float:
+    if batch == 1:
+        env["MINIONS_INLINE_INPUT_BYTES"] = "0"
     conn = await connect(url)
     async with running_services(url, args, **env) as (services, admin_token, executor_token), \
             contextlib.AsyncExitStack() as stack:
@@ -570,9 +574,10 @@ def arm_runner(server: EmbeddedPostgres, arm: str, args: argparse.Namespace,
         batch = int(arm.removeprefix("pgq-batch"))
         return lambda url: pgq_arm(url, args.subtasks, args.clients, batch)
     if arm.startswith("http-"):
-        batches = {"http-unbatched": 1, "http-inline1": 0}
+        batches = {"http-unbatched": 1, "http-inline1": 0, "http-batch10-objects": 10}
         batch = batches[arm] if arm in batches else int(arm.removeprefix("http-batch"))
-        return lambda url: http_arm(server, url, args, batch)
+        env = {"MINIONS_RESULT_IN_DATABASE_BYTES": "0"} if arm.endswith("-objects") else {}
+        return lambda url: http_arm(server, url, args, batch, **env)
     raise AssertionError(arm)
 
 
@@ -593,7 +598,7 @@ async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[st
             finally:
                 await admin(server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             rates[arm].append(rate)
-            print(f"run {run + 1} {arm:13s} {rate:9.0f} /s", flush=True)
+            print(f"run {run + 1} {arm:20s} {rate:9.0f} /s", flush=True)
     return rates
 
 
@@ -601,6 +606,7 @@ def table(rates: dict[str, list[float]]) -> str:
     medians = {arm: statistics.median(v) for arm, v in rates.items()}
     refs = {"sql-new": "sql-baseline", "pgq-batch1": "pgq-batch10", "sql-baseline": "pgq-batch10",
             "http-unbatched": "sql-new", "http-inline1": "sql-new", "http-batch10": "pgq-batch10",
+            "http-batch10-objects": "pgq-batch10",
             "sql-batch10": "pgq-batch10"}
     lines = ["| arm | per s (median) | runs | ratio |", "|---|---:|---|---|"]
     for arm, m in medians.items():

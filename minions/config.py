@@ -102,6 +102,11 @@ class Settings:
                                        "inputs up to this ride inline in a claim's answer (0: never)", {API})
     inline_output_bytes: int = _setting(1024 * 1024, "MINIONS_INLINE_OUTPUT_BYTES",
                                         "largest output a complete may carry inline (0: never)", {API})
+    # sql/230_results_in_database.sql: a small result is committed in its subtask's row, no object per
+    # subtask (a file, an fsync and a rename, or an S3 PUT); the parts of compaction take it from there.
+    result_in_database_bytes: int = _setting(4 * 1024, "MINIONS_RESULT_IN_DATABASE_BYTES",
+                                             "inline outputs up to this are kept in the database, not as an "
+                                             "object each (0: never)", {API})
 
     def validate(self) -> Settings:
         problems = []
@@ -117,7 +122,7 @@ class Settings:
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
-                     "inline_output_bytes", "retention_days", "compact_interval_s"):
+                     "inline_output_bytes", "retention_days", "compact_interval_s", "result_in_database_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.retention_interval_s <= 0:

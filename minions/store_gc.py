@@ -8,6 +8,7 @@ Garbage, once older than the grace period:
   result nor a live lease's; committed results under `results/` (the verified copies) of deleted
   tasks, and copies no subtask names; both once their task's results are compacted into parts;
 - result parts under `parts/` that no row records (a compaction killed or beaten before recording);
+- small results kept in the database (sql/230) of tasks compacted that long ago: their rows' bytes;
 - partial writes: temp files a killed API left (local store), unfinished multipart uploads (S3).
 The database decides what is garbage; this module only lists the store and deletes."""
 
@@ -49,6 +50,7 @@ class GcReport:
     inputs: Tally = field(default_factory=Tally)
     outputs: Tally = field(default_factory=Tally)
     partials: Tally = field(default_factory=Tally)
+    kept: Tally = field(default_factory=Tally)  # results kept in rows (sql/230) whose bytes were dropped
     errors: int = 0
 
     @property
@@ -61,6 +63,8 @@ class GcReport:
                 f"{self.inputs.objects:,} inputs ({self.inputs.bytes:,} B), "
                 f"{self.outputs.objects:,} outputs ({self.outputs.bytes:,} B), "
                 f"{self.partials.objects:,} partial writes ({self.partials.bytes:,} B)"
+                + (f"; {'would drop' if self.dry_run else 'dropped'} {self.kept.objects:,} compacted results kept "
+                   f"in the database ({self.kept.bytes:,} B)" if self.kept.objects else "")
                 + (f"; {self.errors} could not be deleted (logged)" if self.errors else ""))
 
 
@@ -83,6 +87,7 @@ class Collector:
         await self._walk("outputs/", self._garbage_outputs)
         await self._walk("results/", self._garbage_results)
         await self._walk("parts/", self._garbage_parts)
+        await self._kept_results()
         self._progress("done", self.report)
         return self.report
 
@@ -93,6 +98,16 @@ class Collector:
             for row in rows:
                 await self._delete_uri(row["uri"], row["bytes"])
             self._progress("input records", self.report)
+            if self.report.dry_run or not rows:
+                return
+
+    async def _kept_results(self) -> None:
+        while True:
+            rows = await self.conn.fetch(Q.kept_results, self.grace_s, self.report.dry_run, BATCH)
+            for row in rows:
+                self.report.kept.objects += row["subtasks"]
+                self.report.kept.bytes += row["bytes"]
+            self._progress("kept results", self.report)
             if self.report.dry_run or not rows:
                 return
 

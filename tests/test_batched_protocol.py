@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 import yarl
 
 from minions import jsoncodec
@@ -80,8 +81,14 @@ async def test_fifty_racers_asking_for_ten_each_lease_every_subtask_exactly_once
         assert all(r["attempts"] == 1 for r in rows) and acquired == 300
 
 
-async def test_inline_input_and_output_round_trip_on_the_local_store(database_url: str, tmp_path: Path) -> None:
-    async with running_api(database_url, tmp_path / "store") as api:
+@pytest.mark.parametrize("in_database", [True, False], ids=["kept-in-row", "result-object"])
+async def test_inline_input_and_output_round_trip_on_the_local_store(database_url: str, tmp_path: Path,
+                                                                     in_database: bool) -> None:
+    """A small inline output is committed in its subtask's row (sql/230), no result object written;
+    with MINIONS_RESULT_IN_DATABASE_BYTES=0 it is copied to a result object, as before. Either way the
+    results read back are the verified bytes."""
+    async with running_api(database_url, tmp_path / "store", **({} if in_database else
+                                                                 {"result_in_database_bytes": 0})) as api:
         task_id, ids = await _task(database_url, tmp_path / "store", 3)
         executor = await api.register("inline")
         leases = await _claim(api, executor, 3)
@@ -104,14 +111,19 @@ async def test_inline_input_and_output_round_trip_on_the_local_store(database_ur
         conn = await asyncpg.connect(database_url)
         try:
             rows = await conn.fetch("SELECT lease_token::text AS token, state, result_key, result_sha256, "
-                                    "result_bytes FROM subtasks WHERE task_id = $1", task_id)
+                                    "result_bytes, result_data FROM subtasks WHERE task_id = $1", task_id)
         finally:
             await conn.close()
         for row in rows:
             output = outputs[row["token"]]
             assert row["state"] == "done" and row["result_bytes"] == len(output)
             assert row["result_sha256"] == hashlib.sha256(output).digest()
-            assert (tmp_path / "store" / row["result_key"]).read_bytes() == output
+            if in_database:
+                assert row["result_key"] is None and row["result_data"] == output
+            else:
+                assert row["result_data"] is None
+                assert (tmp_path / "store" / row["result_key"]).read_bytes() == output
+        assert (tmp_path / "store" / "results").exists() is not in_database
         results = await api.call("GET", f"/api/v1/tasks/search/ranker/{await _name(database_url, task_id)}/results",
                                  token="admin")
         assert results.status == 200

@@ -9,7 +9,9 @@ only once its bytes match the SHA-256 and size recorded at complete.
 Both stream: memory is O(one chunk) per call (plus at most VERIFY_IN_MEMORY when serving a small
 result), and hashing and JSON parsing run in worker threads, never on the event loop. The hot path,
 an inline output with a small input range, is checked whole instead: one thread hop for the check
-and one write, the input range as the claim read it when the API kept it (lease_facts.py).
+and one write, the input range as the claim read it when the API kept it (lease_facts.py). A small
+inline output is not written at all: its verified bytes are committed in the subtask's row
+(sql/230_results_in_database.sql), where PostgreSQL checks them against their SHA-256 and size.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ class ResultCorrupted(StoreError):
 
 @dataclass(frozen=True)
 class VerifiedOutput:
-    key: str  # the result key the verified bytes were copied to
+    key: str | None  # the result key the verified bytes were copied to; None when they are `kept`
     sha256: bytes
     size: int
+    kept: bytes | None = None  # the verified bytes themselves, to be committed in the subtask's row
 
 
 def result_key(lease: Any, token: uuid.UUID) -> str:
@@ -55,11 +58,13 @@ def result_key(lease: Any, token: uuid.UUID) -> str:
 
 
 async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
-                        inline: bytes | None = None, input_data: bytes | None = None) -> VerifiedOutput:
+                        inline: bytes | None = None, input_data: bytes | None = None,
+                        keep_up_to: int = 0) -> VerifiedOutput:
     """Check the output of a live `lease` (a minion_lease_info row) and copy it to a new result key.
     `inline`: the output as the complete carried it (else it is read from the lease's output key),
     checked and stored exactly like an uploaded one. `input_data`: the lease's input range, when the
-    caller has it (else it is read).
+    caller has it (else it is read). `keep_up_to`: an inline output of at most this many bytes is not
+    copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES).
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):
@@ -72,6 +77,8 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
             whole = _check_whole(lease["records"], input_data, inline)
         else:
             whole = await asyncio.to_thread(_check_whole, lease["records"], input_data, inline)
+        if len(inline) <= keep_up_to:
+            return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=inline)
         key = result_key(lease, token)
         await store.put_bytes(key, inline)
         return VerifiedOutput(key, whole.sha256.digest(), whole.size)
@@ -127,9 +134,15 @@ async def _pieces(data: bytes, size: int = 1024 * 1024) -> AsyncIterator[bytes]:
 
 async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
     """A done subtask's committed result (a row with output_key, result_key, result_sha256,
-    result_bytes): the verified copy made at complete, served only if it still holds the bytes
-    verified then. A result committed before verified copies existed (result_key NULL) is read from
-    its attempt's output, as it was then."""
+    result_bytes, result_data): the bytes its row kept, or the verified copy made at complete, served
+    only if it still holds the bytes verified then. A result committed before verified copies existed
+    (no SHA-256) is read from its attempt's output, as it was then. ObjectNotFound when the row's
+    bytes were dropped (its task was compacted: results are read from its parts)."""
+    if sub["result_data"] is not None:
+        yield bytes(sub["result_data"])
+        return
+    if sub["result_sha256"] is not None and sub["result_key"] is None:
+        raise ObjectNotFound(f"subtask {sub['subtask_id']}'s result was compacted into its task's parts")
     if sub["result_key"] is None:
         async for chunk in store.read(store.uri_for(sub["output_key"])):
             yield chunk
@@ -140,7 +153,9 @@ async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
 
 
 def committed_uri(store: ObjectStore, sub: Any) -> str:
-    """The object a done subtask's result is read from (for logs)."""
+    """Where a done subtask's result is read from (for logs)."""
+    if sub["result_data"] is not None or (sub["result_key"] is None and sub["result_sha256"] is not None):
+        return f"(subtask {sub['subtask_id']}'s row)"
     return store.uri_for(sub["result_key"] if sub["result_key"] is not None else sub["output_key"])
 
 

@@ -73,7 +73,7 @@ SELECT minion_cancel_task($1);
 
 -- name: result_subtasks
 -- One page of a task's subtasks in input order, for streaming results in constant memory.
-SELECT subtask_id, state, output_key, result_key, result_sha256, result_bytes, last_error, byte_start,
+SELECT subtask_id, state, output_key, result_key, result_sha256, result_bytes, result_data, last_error, byte_start,
        byte_end, records
 FROM subtasks WHERE task_id = $1 AND subtask_id > $2
 ORDER BY subtask_id LIMIT $3;
@@ -92,8 +92,8 @@ SELECT * FROM minion_lease_info($1);
 SELECT minion_output_writable($1);
 
 -- name: complete
--- $4-$6: the verified copy of the output (result key, SHA-256, size)
-SELECT minion_complete($1, $2, $3, $4, $5, $6);
+-- $4-$7: the verified copy of the output (result key, SHA-256, size, the bytes when kept in the row)
+SELECT minion_complete($1, $2, $3, $4, $5, $6, $7);
 
 -- name: fail
 SELECT minion_fail($1, $2, $3);
@@ -150,8 +150,8 @@ SELECT * FROM minion_claim_batch($1, $2, $3, $4);
 SELECT * FROM minion_heartbeat_as($1, $2, $3);
 
 -- name: complete_batch
--- Parallel arrays: tokens, records, seconds, and each verified copy (result key, SHA-256, size)
-SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6);
+-- Parallel arrays: tokens, records, seconds, and each verified copy (result key, SHA-256, size, kept bytes)
+SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6, $7);
 
 -- name: fail_batch
 SELECT * FROM minion_fail_batch($1, $2, $3);

@@ -16,7 +16,7 @@ SELECT part, last_subtask FROM result_parts WHERE task_id = $1 ORDER BY part DES
 
 -- name: done_subtasks
 -- One page of a task's committed subtasks in input order, after subtask $2.
-SELECT subtask_id, output_key, result_key, result_sha256, result_bytes, records
+SELECT subtask_id, output_key, result_key, result_sha256, result_bytes, result_data, records
 FROM subtasks WHERE task_id = $1 AND subtask_id > $2 AND state = 'done'
 ORDER BY subtask_id LIMIT $3;
 

@@ -15,6 +15,10 @@ UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 SELECT minion_gc_results AS key FROM minion_gc_results($1)
 UNION SELECT minion_gc_compacted FROM minion_gc_compacted($1);
 
+-- name: kept_results
+-- $1 grace (s), $2 dry run, $3 batch size: one task's batch of dropped bytes (a dry run: every task's)
+SELECT task_id, subtasks, bytes FROM minion_gc_kept_results($1, $2, $3);
+
 -- name: retention_lock
 -- One retention run at a time across every watchdog and `minions gc --retention` (session lock,
 -- released by retention_unlock or when the connection ends).

@@ -26,15 +26,18 @@ from minions.testing.waiting import eventually
 
 
 @pytest.fixture
-async def cluster(services: Services) -> AsyncIterator[tuple[Services, MinionsClient]]:
-    """API and splitter (no watchdog: the tests compact when they choose), two sleep executors."""
+async def cluster(services: Services, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Services, MinionsClient]]:
+    """API and splitter (no watchdog: the tests compact when they choose), two sleep executors; they
+    PUT their outputs, or carry them inline when the test says so (`indirect` parameter True)."""
+    inline = bool(getattr(request, "param", False))
     services.workdir.mkdir(parents=True, exist_ok=True)
     services.start("api")
     services.start("splitter")
     await services.wait_healthy()
     admin, executor_token = await make_tokens(services.database_url)
     stop = asyncio.Event()
-    runners = [asyncio.create_task(SleepExecutor(services.api_url, executor_token, f"parts-{i}").run(stop))
+    runners = [asyncio.create_task(SleepExecutor(services.api_url, executor_token, f"parts-{i}",
+                                                 inline_output=inline).run(stop))
                for i in range(2)]
     client = MinionsClient(services.api_url, admin)
     try:
@@ -163,6 +166,37 @@ async def test_parts_concatenate_to_the_results_and_gc_keeps_what_they_need(
     assert len(_files(services.store_root, "parts")) == len(parts)
     assert await _stream(services, client, "whole") == (before, True)
     assert await _sdk(client, "whole") == before
+
+
+@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["inline-outputs"])
+async def test_results_kept_in_the_database_compact_and_gc_drops_them_only_after(
+        cluster: tuple[Services, MinionsClient]) -> None:
+    """Small inline outputs are committed in their rows (sql/230), no result object. Results are read
+    from the rows; gc leaves them while the task is not compacted; compaction copies the same bytes
+    into parts; then gc drops the rows' bytes (grace 0 here) and results are served from the parts."""
+    services, client = cluster
+    task_id = await _run_task(client, "kept", 40, subtask_size=2)
+    before, clean = await _stream(services, client, "kept")
+    assert clean and before.count(b"\n") == 40
+    assert _files(services.store_root, "results") == []
+    kept = "SELECT count(*) AS n FROM subtasks WHERE task_id = $1 AND result_data IS NOT NULL AND result_key IS NULL"
+    assert (await _rows(services.database_url, kept, task_id))[0]["n"] == 20
+
+    assert "kept in the database" not in _finish(_minions(services, "gc"))
+    assert (await _rows(services.database_url, kept, task_id))[0]["n"] == 20
+
+    _finish(_minions(services, "compact", "--result-part-bytes", "300"))
+    parts = await _rows(services.database_url, "SELECT key FROM result_parts WHERE task_id = $1 ORDER BY part",
+                        task_id)
+    assert len(parts) >= 3
+    assert b"".join((services.store_root / str(p["key"])).read_bytes() for p in parts) == before
+
+    assert "dropped 20 compacted results kept in the database" in _finish(_minions(services, "gc"))
+    assert (await _rows(services.database_url, kept, task_id))[0]["n"] == 0
+    recorded = "SELECT count(*) AS n FROM subtasks WHERE task_id = $1 AND result_sha256 IS NOT NULL"
+    assert (await _rows(services.database_url, recorded, task_id))[0]["n"] == 20
+    assert await _stream(services, client, "kept") == (before, True)
+    assert await _sdk(client, "kept") == before
 
 
 async def test_a_compaction_killed_mid_way_resumes_and_loses_nothing(

@@ -117,7 +117,8 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
             if completion.records != lease.live["records"]:
                 _verdict("records_mismatch")
             verified = await _verify(request.app[STORE], lease.live, lease.token, inline,
-                                     request.app[LEASES].input_of(lease.token))
+                                     request.app[LEASES].input_of(lease.token),
+                                     request.app[SETTINGS].result_in_database_bytes)
         except ApiError:
             if await _still_live(request, lease):
                 raise
@@ -127,7 +128,7 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
 
 async def _finish_complete(request: web.Request, done: _Completing, verdict: str) -> None:
     store = request.app[STORE]
-    if verdict != "ok" and done.verified is not None:
+    if verdict != "ok" and done.verified is not None and done.verified.key is not None:
         # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
         # the same lease won): nothing refers to it.
         await _discard(store, done.verified.key)
@@ -139,9 +140,10 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
         await _discard(store, done.lease.live["output_key"])
 
 
-def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None]:
+def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None, bytes | None]:
+    """The complete's verified copy as minion_complete takes it: result key, SHA-256, size, kept bytes."""
     verified = done.verified
-    return (verified.key, verified.sha256, verified.size) if verified else (None, None, None)
+    return (verified.key, verified.sha256, verified.size, verified.kept) if verified else (None, None, None, None)
 
 
 @routes.post("/api/v1/leases/{token}/complete")
@@ -171,7 +173,7 @@ async def complete_batch(request: web.Request) -> web.Response:
     copies = [_copy(d) for d in ready]
     rows = await request.app[POOL].fetch(
         Q.complete_batch, [d.lease.token for d in ready], [d.records for d in ready], [d.seconds for d in ready],
-        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies])
+        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies], [c[3] for c in copies])
     verdicts = {id(d): row["verdict"] for d, row in zip(ready, rows, strict=True)}
 
     async def finish(item: _Completing | ApiError) -> None:
@@ -194,12 +196,12 @@ def _lock_key(lease: _Lease) -> tuple[int, int, str]:
 
 
 async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None,
-                  input_data: bytes | None) -> VerifiedOutput:
+                  input_data: bytes | None, keep_up_to: int) -> VerifiedOutput:
     """The output checked against the subtask's input and copied to its result key; 409
     output_missing or 422 output_mismatch (the lease stays live: the executor may fix it and
     complete again, or fail it)."""
     try:
-        return await copy_verified(store, live, token, inline, input_data)
+        return await copy_verified(store, live, token, inline, input_data, keep_up_to)
     except ObjectNotFound:
         raise ApiError(409, "output_missing", "PUT the output to the lease's output URL before completing") \
             from None
