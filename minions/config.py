@@ -119,6 +119,9 @@ class Settings:
         for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
+        if self.result_in_database_bytes > 1024 * 1024:
+            # Rows are not the place for big results (and the check reads such outputs whole).
+            problems.append("MINIONS_RESULT_IN_DATABASE_BYTES must be <= 1048576 (1 MiB)")
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",

@@ -1,9 +1,10 @@
 """Compaction of a completed task's results into a few large parts (issue 14, item 6).
 
-Results are committed one object per subtask (the verified copies of 070). Reading them back is a
-round trip per object, an hour for a 200,000-subtask task on S3. Once a task has completed, its
-committed results are copied, in subtask order and each checked against the SHA-256 recorded at
-complete, into parts of about MINIONS_RESULT_PART_BYTES (`parts/<task>/<part>-<nonce>.jsonl`), each
+Results are committed one object per subtask (the verified copies of 070), or, when small, in the
+subtask's row (sql/230). Reading them back is a round trip per object, an hour for a 200,000-subtask
+task on S3. Once a task has completed, its committed results are copied, in subtask order (each
+object checked against the SHA-256 recorded at complete; a row's bytes were checked by PostgreSQL
+when they were written), into parts of about MINIONS_RESULT_PART_BYTES (`parts/<task>/<part>-<nonce>.jsonl`), each
 recorded with its own SHA-256 and size (sql/210_result_parts.sql). Clients then fetch the parts by
 presigned GET straight from the store.
 

@@ -13,6 +13,8 @@
 -- per-subtask objects become garbage then (minion_gc_kept_results): results are served from the
 -- parts, and the database keeps them no longer than the store would.
 
+-- NOT VALID: the rows already there hold 070's constraint, which implies this one, so a scan of a big
+-- table under the migration's lock would prove nothing; every row written from now on is checked.
 ALTER TABLE subtasks
     ADD COLUMN result_data bytea,
     DROP CONSTRAINT subtasks_result_complete,
@@ -21,10 +23,12 @@ ALTER TABLE subtasks
         AND (result_key IS NULL OR result_sha256 IS NOT NULL)
         AND (result_data IS NULL OR (result_key IS NULL AND result_sha256 IS NOT NULL
                                      AND length(result_data) = result_bytes
-                                     AND sha256(result_data) = result_sha256)));
+                                     AND sha256(result_data) = result_sha256))) NOT VALID;
 
 -- (Replaces 070's: p_result_data, the verified bytes when they are kept in the row; p_result_key is
--- then NULL, and p_sha256 and p_bytes describe the bytes as before.)
+-- then NULL, and p_sha256 and p_bytes describe the bytes as before. A result recorded with its bytes
+-- in neither place would be lost: refused. The row allows that shape only for the bytes the garbage
+-- collector dropped after compaction.)
 DROP FUNCTION minion_complete(uuid, integer, double precision, text, bytea, bigint);
 CREATE FUNCTION minion_complete(p_token uuid, p_records integer, p_seconds double precision,
                                 p_result_key text DEFAULT NULL, p_sha256 bytea DEFAULT NULL,
@@ -37,6 +41,10 @@ DECLARE
     winner_executor uuid;
     winner_started timestamptz;
 BEGIN
+    IF p_sha256 IS NOT NULL AND p_result_key IS NULL AND p_result_data IS NULL THEN
+        RAISE EXCEPTION 'a committed result needs its bytes: a result key or the bytes themselves'
+            USING ERRCODE = 'check_violation';
+    END IF;
     s := minion_lock_subtask_of(p_token);
     role := minion_token_role(s, p_token);
     IF role = 'lost' AND s.state = 'done' AND s.lease_token = p_token THEN
@@ -104,14 +112,20 @@ END $$;
 -- the garbage collector once the task has been compacted for the grace period, as its per-subtask
 -- objects are: from compaction on its results are served from the parts, and a reader that began
 -- before has had the grace to finish. Their SHA-256 and size stay, the record of what was committed.
-ALTER TABLE compacted_tasks ADD COLUMN kept_results_dropped boolean NOT NULL DEFAULT false;
+-- kept_results_from: the next subtask id to look at (batches walk the task once, by subtask id).
+ALTER TABLE compacted_tasks
+    ADD COLUMN kept_results_dropped boolean NOT NULL DEFAULT false,
+    ADD COLUMN kept_results_from integer NOT NULL DEFAULT 0;
+-- Tasks compacted before this migration had no kept bytes.
+UPDATE compacted_tasks SET kept_results_dropped = true;
 
--- Drop up to p_limit rows' kept bytes of one such task: (task, rows, bytes), no row when none is due.
--- p_dry_run: what would be dropped, task by task, nothing changed.
+-- Drop the kept bytes of the next p_limit subtasks (by id) of one such task: (task, rows, bytes),
+-- no row when no task is due. p_dry_run: what would be dropped, task by task, nothing changed.
 CREATE FUNCTION minion_gc_kept_results(p_grace_s double precision, p_dry_run boolean, p_limit integer)
 RETURNS TABLE (task_id bigint, subtasks bigint, bytes bigint) LANGUAGE plpgsql AS $$
 DECLARE
     due bigint;
+    from_id integer;
 BEGIN
     IF p_dry_run THEN
         RETURN QUERY
@@ -121,7 +135,7 @@ BEGIN
              GROUP BY c.task_id;
         RETURN;
     END IF;
-    SELECT c.task_id INTO due FROM compacted_tasks c
+    SELECT c.task_id, c.kept_results_from INTO due, from_id FROM compacted_tasks c
      WHERE NOT c.kept_results_dropped AND c.compacted_at < now() - make_interval(secs => p_grace_s)
      ORDER BY c.compacted_at LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -130,13 +144,14 @@ BEGIN
     task_id := due;
     WITH dropped AS (
         UPDATE subtasks s SET result_data = NULL
-          FROM (SELECT v.subtask_id FROM subtasks v
-                 WHERE v.task_id = due AND v.result_data IS NOT NULL LIMIT p_limit) pick
-         WHERE s.task_id = due AND s.subtask_id = pick.subtask_id
+         WHERE s.task_id = due AND s.subtask_id >= from_id AND s.subtask_id < from_id + p_limit
+           AND s.result_data IS NOT NULL
         RETURNING s.result_bytes)
     SELECT count(*), coalesce(sum(d.result_bytes), 0)::bigint INTO subtasks, bytes FROM dropped d;
-    IF subtasks < p_limit THEN
-        UPDATE compacted_tasks SET kept_results_dropped = true WHERE compacted_tasks.task_id = due;
-    END IF;
+    UPDATE compacted_tasks c
+       SET kept_results_from = from_id + p_limit,
+           kept_results_dropped = NOT EXISTS (SELECT 1 FROM subtasks v
+                                               WHERE v.task_id = due AND v.subtask_id >= from_id + p_limit)
+     WHERE c.task_id = due;
     RETURN NEXT;
 END $$;

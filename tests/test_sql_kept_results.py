@@ -8,6 +8,7 @@ import hashlib
 import asyncpg
 import pytest
 
+from minions.config import ConfigError, Settings
 from minions.db.connect import connect
 from minions.testing.factories import make_executor, make_task, make_token
 
@@ -49,3 +50,75 @@ async def test_the_schema_refuses_kept_bytes_that_do_not_match_their_record(
     assert await conn.fetchval("SELECT state FROM subtasks WHERE lease_token = $1", token) == "leased"
     assert await conn.fetchval(COMPLETE, token, None, hashlib.sha256(OUTPUT).digest(), len(OUTPUT), OUTPUT) == "ok"
     await conn.close()
+
+
+async def test_a_result_with_its_bytes_in_neither_place_is_refused(database_url: str) -> None:
+    """The row's "dropped after compaction" shape is never a commit: such a result would be lost."""
+    conn = await connect(database_url)
+    token = await _lease(conn)
+    with pytest.raises(asyncpg.CheckViolationError, match="needs its bytes"):
+        await conn.fetchval(COMPLETE, token, None, hashlib.sha256(OUTPUT).digest(), len(OUTPUT), None)
+    assert await conn.fetchval("SELECT state FROM subtasks WHERE lease_token = $1", token) == "leased"
+    await conn.close()
+
+
+async def test_a_repeated_complete_with_other_bytes_changes_nothing(database_url: str) -> None:
+    conn = await connect(database_url)
+    token = await _lease(conn)
+    sha = hashlib.sha256(OUTPUT).digest()
+    assert await conn.fetchval(COMPLETE, token, None, sha, len(OUTPUT), OUTPUT) == "ok"
+    other = b'{"id":"r0","slept_ms":2}\n'
+    assert await conn.fetchval(COMPLETE, token, None, hashlib.sha256(other).digest(), len(other), other) == "repeat"
+    assert await conn.fetchval("SELECT result_data FROM subtasks WHERE lease_token = $1", token) == OUTPUT
+    await conn.close()
+
+
+async def _compacted_task(conn: asyncpg.Connection, subtasks: int, age_s: float) -> int:
+    """A completed task whose `subtasks` results are all kept in rows, marked compacted `age_s` ago."""
+    _, token_id = await make_token(conn, "executor")
+    task_id = await make_task(conn, subtasks=subtasks)
+    ex = await make_executor(conn, token_id)
+    sha = hashlib.sha256(OUTPUT).digest()
+    for row in await conn.fetch("SELECT lease_token FROM minion_claim_batch($1, $2, $3)", ex, token_id, subtasks):
+        assert await conn.fetchval(COMPLETE, row["lease_token"], None, sha, len(OUTPUT), OUTPUT) == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.execute("INSERT INTO compacted_tasks (task_id, parts, bytes, compacted_at) "
+                       "VALUES ($1, 1, $2, now() - make_interval(secs => $3))", task_id, subtasks * len(OUTPUT), age_s)
+    return task_id
+
+
+async def _kept(conn: asyncpg.Connection, task_id: int) -> int:
+    kept: int = await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND result_data IS NOT NULL",
+                                    task_id)
+    return kept
+
+
+@pytest.mark.parametrize("subtasks", [5, 4], ids=["remainder", "exact-multiple"])
+async def test_gc_drops_kept_bytes_after_the_grace_in_batches_by_subtask_id(database_url: str, subtasks: int) -> None:
+    conn = await connect(database_url)
+    task_id = await _compacted_task(conn, subtasks, age_s=60)
+    drop = "SELECT task_id, subtasks, bytes FROM minion_gc_kept_results($1, $2, $3)"
+    # Within the grace: nothing due, nothing dropped.
+    assert await conn.fetch(drop, 3600.0, False, 2) == []
+    # A dry run says what would go and changes nothing.
+    assert [tuple(r) for r in await conn.fetch(drop, 0.0, True, 2)] == [(task_id, subtasks, subtasks * len(OUTPUT))]
+    assert await _kept(conn, task_id) == subtasks
+    # Batches of 2 walk the task once; the task is done after its last batch and never looked at again.
+    seen = []
+    while rows := await conn.fetch(drop, 0.0, False, 2):
+        seen.append(rows[0]["subtasks"])
+        assert len(seen) <= 3
+    assert seen == ([2, 2, 1] if subtasks == 5 else [2, 2])
+    assert await _kept(conn, task_id) == 0
+    assert await conn.fetchval("SELECT kept_results_dropped FROM compacted_tasks WHERE task_id = $1", task_id)
+    # What was committed stays on record.
+    assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND result_sha256 IS NOT NULL",
+                               task_id) == subtasks
+    await conn.close()
+
+
+def test_the_setting_stops_at_one_mib() -> None:
+    """Rows are not the place for big results (and the check reads a kept output whole)."""
+    Settings(result_in_database_bytes=1024 * 1024).validate()
+    with pytest.raises(ConfigError, match="MINIONS_RESULT_IN_DATABASE_BYTES must be <= 1048576"):
+        Settings(result_in_database_bytes=1024 * 1024 + 1).validate()

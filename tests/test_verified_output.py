@@ -109,3 +109,25 @@ async def test_an_inline_output_is_checked_against_the_input_the_claim_read(tmp_
     await store.delete(lease["input_uri"])
     with pytest.raises(StoreError, match="is gone"):
         await copy_verified(store, lease, token, output)
+
+
+@pytest.mark.parametrize("big_input", [False, True], ids=["checked-whole", "checked-streamed"])
+async def test_a_small_inline_output_is_kept_for_the_row_not_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big_input: bool) -> None:
+    """Up to `keep_up_to` bytes an inline output is returned `kept` (sql/230), after the same check,
+    whether the check ran whole or (an input range too big to read whole) streamed; above it, copied."""
+    if big_input:
+        monkeypatch.setattr("minions.services.api.verified_output.CHECK_WHOLE", 8)
+    store = LocalStore(tmp_path)
+    token = uuid.uuid4()
+    lease = await _lease(store, token)
+    output = b"".join(jsoncodec.dumps_line({"id": i, "slept_ms": 1}) for i in IDS)
+    kept = await copy_verified(store, lease, token, output, keep_up_to=len(output))
+    assert (kept.key, kept.kept, kept.sha256, kept.size) == (None, output, hashlib.sha256(output).digest(),
+                                                             len(output))
+    assert _files(store, "results") == []
+    wrong = output.replace(b'"r3"', b'"r9"')
+    with pytest.raises(OutputMismatch, match="r9"):
+        await copy_verified(store, lease, token, wrong, keep_up_to=len(output))
+    copied = await copy_verified(store, lease, token, output, keep_up_to=len(output) - 1)
+    assert copied.kept is None and copied.key is not None and (store.root / copied.key).read_bytes() == output

@@ -60,6 +60,7 @@ async def audit(cluster: Any, name: str, records: list[dict[str, Any]], *,
         referees = await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement WHERE task_id = $1",
                                        row["id"])
         backups = await conn.fetchval("SELECT count(*) FROM subtask_backups WHERE task_id = $1", row["id"])
+        compacted = await conn.fetchval("SELECT minion_task_compacted($1)", row["id"])
         output_keys = {(r["subtask_id"], r["token"]): r["key"] for r in await conn.fetch(
             """SELECT subtask_id, lease_token AS token,
                       minion_output_key(task_id, subtask_id, attempts, lease_token) AS key
@@ -149,6 +150,8 @@ async def audit(cluster: Any, name: str, records: list[dict[str, Any]], *,
             if s["result_key"] is not None:
                 assert s["result_key"].startswith(f"results/{s['task_id']}/{sid}/{commit['attempt']}-"
                                                   f"{commit['lease_token']}-"), where
+            else:
+                assert s["result_data"] is not None or compacted, f"a committed result with no bytes: {where}"
             assert len(s["result_sha256"]) == 32 and s["result_bytes"] > 0, where
             assert all(a["ended_at"] <= commit["ended_at"] for a in history), \
                 f"an attempt ended after the commit: {where}"

@@ -42,6 +42,11 @@ class ResultCorrupted(StoreError):
     """A committed result no longer holds the bytes verified at complete: never served."""
 
 
+class ResultCompacted(ObjectNotFound):
+    """A result whose bytes its row kept (sql/230) was dropped after its task's compaction: it is read
+    from the task's result parts now."""
+
+
 @dataclass(frozen=True)
 class VerifiedOutput:
     key: str | None  # the result key the verified bytes were copied to; None when they are `kept`
@@ -64,7 +69,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     `inline`: the output as the complete carried it (else it is read from the lease's output key),
     checked and stored exactly like an uploaded one. `input_data`: the lease's input range, when the
     caller has it (else it is read). `keep_up_to`: an inline output of at most this many bytes is not
-    copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES).
+    copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES), after the same check.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):
@@ -113,6 +118,10 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
         check.finish()
 
     async with contextlib.aclosing(reader):
+        if inline is not None and len(inline) <= keep_up_to:  # a large input range not kept by the claim
+            async for _ in checked():
+                pass
+            return VerifiedOutput(None, check.sha256.digest(), check.size, kept=inline)
         # put_stream discards what it wrote when `checked` raises: a refused output leaves nothing.
         await store.put_stream(key, checked())
     return VerifiedOutput(key, check.sha256.digest(), check.size)
@@ -142,7 +151,7 @@ async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
         yield bytes(sub["result_data"])
         return
     if sub["result_sha256"] is not None and sub["result_key"] is None:
-        raise ObjectNotFound(f"subtask {sub['subtask_id']}'s result was compacted into its task's parts")
+        raise ResultCompacted(f"subtask {sub['subtask_id']}'s result was compacted into its task's parts")
     if sub["result_key"] is None:
         async for chunk in store.read(store.uri_for(sub["output_key"])):
             yield chunk

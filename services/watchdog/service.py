@@ -80,9 +80,10 @@ class Watchdog:
             except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
                 log.warning("gc_failed", error=str(exc))
                 continue
-            if report.freed_bytes or report.errors:
+            if report.freed_bytes or report.errors or report.kept.objects:
                 log.info("gc_swept", freed_bytes=report.freed_bytes, inputs=report.inputs.objects,
                          outputs=report.outputs.objects, partial_writes=report.partials.objects,
+                         kept_results_dropped=report.kept.objects, kept_bytes_dropped=report.kept.bytes,
                          errors=report.errors)
 
     async def _retention_loop(self) -> None:

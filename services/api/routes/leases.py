@@ -104,7 +104,8 @@ class _Completing:
 
 
 async def _prepare_complete(request: web.Request, lease: _Lease, completion: protocol.Completion) -> _Completing:
-    """The lease's output verified and copied to its result key; ApiError when it cannot be
+    """The lease's output verified and copied to its result key (or, small and inline, kept for the
+    row: sql/230); ApiError when it cannot be
     committed (a stale lease is left to the SQL, which says why)."""
     inline = None if completion.output is None else completion.output.encode()
     limit = request.app[SETTINGS].inline_output_bytes
@@ -197,7 +198,8 @@ def _lock_key(lease: _Lease) -> tuple[int, int, str]:
 
 async def _verify(store: ObjectStore, live: Any, token: uuid.UUID, inline: bytes | None,
                   input_data: bytes | None, keep_up_to: int) -> VerifiedOutput:
-    """The output checked against the subtask's input and copied to its result key; 409
+    """The output checked against the subtask's input and copied to its result key, or kept for the
+    row when inline and at most `keep_up_to` bytes; 409
     output_missing or 422 output_mismatch (the lease stays live: the executor may fix it and
     complete again, or fail it)."""
     try:

@@ -33,6 +33,7 @@ from minions.services.api.submission_body import THREAD_ABOVE, read_submission
 from minions.services.api.validation import TaskRequest, validate_task
 from minions.services.api.verified_output import (
     VERIFY_IN_MEMORY,
+    ResultCompacted,
     ResultCorrupted,
     committed_uri,
     read_committed,
@@ -336,6 +337,11 @@ async def _read_checked(store: ObjectStore, uri: str, chunks: AsyncIterator[byte
     try:
         async for chunk in chunks:
             yield chunk
+    except ResultCompacted:
+        # A stream begun before the task's compaction, still running a grace period after it (the
+        # row's bytes were dropped): the client reads again, from the parts.
+        log.warning("result_compacted_meanwhile", uri=uri)
+        raise
     except ObjectNotFound:
         # A committed output was removed from the store behind our back: the stream breaks off
         # (the client sees an incomplete response) rather than silently dropping records.
