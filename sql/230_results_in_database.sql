@@ -112,20 +112,22 @@ END $$;
 -- the garbage collector once the task has been compacted for the grace period, as its per-subtask
 -- objects are: from compaction on its results are served from the parts, and a reader that began
 -- before has had the grace to finish. Their SHA-256 and size stay, the record of what was committed.
--- kept_results_from: the next subtask id to look at (batches walk the task once, by subtask id).
+-- kept_results_from: the next subtask id to look at (batches walk the task once, by subtask id, and
+-- a task with nothing kept takes one call, however many subtasks it has).
 ALTER TABLE compacted_tasks
     ADD COLUMN kept_results_dropped boolean NOT NULL DEFAULT false,
     ADD COLUMN kept_results_from integer NOT NULL DEFAULT 0;
 -- Tasks compacted before this migration had no kept bytes.
 UPDATE compacted_tasks SET kept_results_dropped = true;
 
--- Drop the kept bytes of the next p_limit subtasks (by id) of one such task: (task, rows, bytes),
--- no row when no task is due. p_dry_run: what would be dropped, task by task, nothing changed.
+-- Drop the kept bytes of the next p_limit subtasks (by id) that have some, of one such task: (task,
+-- rows, bytes), no row when no task is due. p_dry_run: what would be dropped, task by task, nothing changed.
 CREATE FUNCTION minion_gc_kept_results(p_grace_s double precision, p_dry_run boolean, p_limit integer)
 RETURNS TABLE (task_id bigint, subtasks bigint, bytes bigint) LANGUAGE plpgsql AS $$
 DECLARE
     due bigint;
     from_id integer;
+    last_id integer;
 BEGIN
     IF p_dry_run THEN
         RETURN QUERY
@@ -142,16 +144,24 @@ BEGIN
         RETURN;
     END IF;
     task_id := due;
-    WITH dropped AS (
-        UPDATE subtasks s SET result_data = NULL
-         WHERE s.task_id = due AND s.subtask_id >= from_id AND s.subtask_id < from_id + p_limit
-           AND s.result_data IS NOT NULL
-        RETURNING s.result_bytes)
-    SELECT count(*), coalesce(sum(d.result_bytes), 0)::bigint INTO subtasks, bytes FROM dropped d;
+    WITH pick AS (
+        SELECT v.subtask_id FROM subtasks v
+         WHERE v.task_id = due AND v.subtask_id >= from_id AND v.result_data IS NOT NULL
+         ORDER BY v.subtask_id LIMIT p_limit),
+    dropped AS (
+        UPDATE subtasks s SET result_data = NULL FROM pick
+         WHERE s.task_id = due AND s.subtask_id = pick.subtask_id
+        RETURNING s.subtask_id, s.result_bytes)
+    SELECT count(*), coalesce(sum(d.result_bytes), 0)::bigint, max(d.subtask_id)
+      INTO subtasks, bytes, last_id FROM dropped d;
+    -- Done when the walk found fewer than it could take, or nothing kept lies past its last row (the
+    -- probe stops at the next kept row, where the next call starts: the task is still walked once).
     UPDATE compacted_tasks c
-       SET kept_results_from = from_id + p_limit,
-           kept_results_dropped = NOT EXISTS (SELECT 1 FROM subtasks v
-                                               WHERE v.task_id = due AND v.subtask_id >= from_id + p_limit)
+       SET kept_results_from = coalesce(last_id + 1, from_id),
+           kept_results_dropped = subtasks < p_limit
+                                  OR NOT EXISTS (SELECT 1 FROM subtasks v
+                                                  WHERE v.task_id = due AND v.subtask_id > last_id
+                                                    AND v.result_data IS NOT NULL)
      WHERE c.task_id = due;
     RETURN NEXT;
 END $$;

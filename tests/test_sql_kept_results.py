@@ -73,14 +73,19 @@ async def test_a_repeated_complete_with_other_bytes_changes_nothing(database_url
     await conn.close()
 
 
-async def _compacted_task(conn: asyncpg.Connection, subtasks: int, age_s: float) -> int:
-    """A completed task whose `subtasks` results are all kept in rows, marked compacted `age_s` ago."""
+async def _compacted_task(conn: asyncpg.Connection, subtasks: int, age_s: float, *,
+                          objects: frozenset[int] = frozenset()) -> int:
+    """A completed task whose `subtasks` results are kept in rows (those whose subtask id is in
+    `objects` in a result object instead), marked compacted `age_s` ago."""
     _, token_id = await make_token(conn, "executor")
     task_id = await make_task(conn, subtasks=subtasks)
     ex = await make_executor(conn, token_id)
     sha = hashlib.sha256(OUTPUT).digest()
-    for row in await conn.fetch("SELECT lease_token FROM minion_claim_batch($1, $2, $3)", ex, token_id, subtasks):
-        assert await conn.fetchval(COMPLETE, row["lease_token"], None, sha, len(OUTPUT), OUTPUT) == "ok"
+    for row in await conn.fetch("SELECT lease_token, subtask_id FROM minion_claim_batch($1, $2, $3)",
+                                ex, token_id, subtasks):
+        where = (f"results/{task_id}/{row['subtask_id']}/1-x.jsonl", None) if row["subtask_id"] in objects \
+            else (None, OUTPUT)
+        assert await conn.fetchval(COMPLETE, row["lease_token"], where[0], sha, len(OUTPUT), where[1]) == "ok"
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     await conn.execute("INSERT INTO compacted_tasks (task_id, parts, bytes, compacted_at) "
                        "VALUES ($1, 1, $2, now() - make_interval(secs => $3))", task_id, subtasks * len(OUTPUT), age_s)
@@ -114,6 +119,23 @@ async def test_gc_drops_kept_bytes_after_the_grace_in_batches_by_subtask_id(data
     # What was committed stays on record.
     assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND result_sha256 IS NOT NULL",
                                task_id) == subtasks
+    await conn.close()
+
+
+async def test_gc_steps_over_results_kept_elsewhere(database_url: str) -> None:
+    """A batch takes the next p_limit rows that keep bytes, however far apart: results in objects
+    between them cost no call of their own, and a task with none kept is done in one call."""
+    conn = await connect(database_url)
+    task_id = await _compacted_task(conn, 6, age_s=60, objects=frozenset({0, 2, 4}))
+    none_kept = await _compacted_task(conn, 4, age_s=30, objects=frozenset(range(4)))
+    calls = [tuple(r) for r in await conn.fetch("SELECT * FROM minion_gc_kept_results(0, false, 2)")]
+    while rows := await conn.fetch("SELECT * FROM minion_gc_kept_results(0, false, 2)"):
+        calls.append(tuple(rows[0]))
+        assert len(calls) <= 3
+    assert calls == [(task_id, 2, 2 * len(OUTPUT)), (task_id, 1, len(OUTPUT)), (none_kept, 0, 0)]
+    assert await _kept(conn, task_id) == 0
+    assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE task_id = $1 AND result_key IS NOT NULL",
+                               task_id) == 3
     await conn.close()
 
 

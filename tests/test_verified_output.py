@@ -13,8 +13,11 @@ from minions import jsoncodec
 from minions.services.api.output_check import OutputMismatch
 from minions.services.api.verified_output import (
     VERIFY_IN_MEMORY,
+    ResultCompacted,
     ResultCorrupted,
+    committed_uri,
     copy_verified,
+    read_committed,
     read_verified,
 )
 from minions.store.base import ObjectNotFound, StoreError
@@ -131,3 +134,24 @@ async def test_a_small_inline_output_is_kept_for_the_row_not_written(
         await copy_verified(store, lease, token, wrong, keep_up_to=len(output))
     copied = await copy_verified(store, lease, token, output, keep_up_to=len(output) - 1)
     assert copied.kept is None and copied.key is not None and (store.root / copied.key).read_bytes() == output
+
+
+async def test_a_row_reads_its_kept_bytes_and_says_compacted_once_gc_dropped_them(tmp_path: Path) -> None:
+    """read_committed takes a row's kept bytes (sql/230) without the store; once gc dropped them after
+    the task's compaction (SHA-256 kept, no key, no bytes) it raises ResultCompacted, which a results
+    stream logs as such, not as a committed object gone missing."""
+    store = LocalStore(tmp_path)
+    output = b'{"id":"r0","slept_ms":1}\n'
+    row = {"subtask_id": 3, "output_key": "outputs/4/3/1-x.jsonl", "result_key": None,
+           "result_sha256": hashlib.sha256(output).digest(), "result_bytes": len(output), "result_data": output}
+    assert [chunk async for chunk in read_committed(store, row)] == [output]
+    assert committed_uri(store, row) == "(subtask 3's row)"
+    dropped = {**row, "result_data": None}
+    with pytest.raises(ResultCompacted, match="compacted into its task's parts"):
+        [chunk async for chunk in read_committed(store, dropped)]
+    assert committed_uri(store, dropped) == "(subtask 3's row)"
+    # A result from before verified copies (no SHA-256) is still read from its attempt's output.
+    await store.put_bytes(row["output_key"], output)
+    old = {**dropped, "result_sha256": None, "result_bytes": None}
+    assert b"".join([chunk async for chunk in read_committed(store, old)]) == output
+    assert committed_uri(store, old) == store.uri_for(row["output_key"])

@@ -72,6 +72,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES), after the same check.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
+    keep = inline is not None and len(inline) <= keep_up_to
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):
         if input_data is None:
             try:
@@ -82,7 +83,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
             whole = _check_whole(lease["records"], input_data, inline)
         else:
             whole = await asyncio.to_thread(_check_whole, lease["records"], input_data, inline)
-        if len(inline) <= keep_up_to:
+        if keep:
             return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=inline)
         key = result_key(lease, token)
         await store.put_bytes(key, inline)
@@ -118,7 +119,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
         check.finish()
 
     async with contextlib.aclosing(reader):
-        if inline is not None and len(inline) <= keep_up_to:  # a large input range not kept by the claim
+        if keep:  # checked streamed: an input range too big to check whole
             async for _ in checked():
                 pass
             return VerifiedOutput(None, check.sha256.digest(), check.size, kept=inline)
@@ -150,7 +151,7 @@ async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
     if sub["result_data"] is not None:
         yield bytes(sub["result_data"])
         return
-    if sub["result_sha256"] is not None and sub["result_key"] is None:
+    if _dropped_from_row(sub):
         raise ResultCompacted(f"subtask {sub['subtask_id']}'s result was compacted into its task's parts")
     if sub["result_key"] is None:
         async for chunk in store.read(store.uri_for(sub["output_key"])):
@@ -161,9 +162,15 @@ async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def _dropped_from_row(sub: Any) -> bool:
+    """A result recorded (SHA-256 and size) with no object and no bytes: its row kept them until gc
+    dropped them after the task's compaction (sql/230; minion_complete never commits that shape)."""
+    return bool(sub["result_sha256"] is not None and sub["result_key"] is None and sub["result_data"] is None)
+
+
 def committed_uri(store: ObjectStore, sub: Any) -> str:
     """Where a done subtask's result is read from (for logs)."""
-    if sub["result_data"] is not None or (sub["result_key"] is None and sub["result_sha256"] is not None):
+    if sub["result_data"] is not None or _dropped_from_row(sub):
         return f"(subtask {sub['subtask_id']}'s row)"
     return store.uri_for(sub["result_key"] if sub["result_key"] is not None else sub["output_key"])
 
