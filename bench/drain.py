@@ -16,15 +16,20 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
   latency       submit -> first lease, direct SQL: minion_submit_task of a one-record task split
                 in its transaction, an idle executor woken by the 'subtasks' NOTIFY claims it;
                 and through the API (the real services): POST /api/v1/tasks of a one-record inline
-                task until an executor waiting in its long-poll claim holds the lease; beside
-                PgQueuer's enqueue -> entrypoint start (`--latency` samples each).
+                task until an executor waiting in its long-poll claim holds the lease (its record
+                kept in the database, sql/240; and, `submit-http-object`, written as an input
+                object as before); beside PgQueuer's enqueue -> entrypoint start (`--latency`
+                samples each).
   http-unbatched  the real services (API, splitter, watchdog as processes, minions/testing/processes.py)
                 on the run's database with a local-folder store, and `--clients` simulated executors
                 in this process (the agent's ExecutorClient, aiohttp, one session each; outputs by
                 the agent's SleepRunner and encode_outputs), each one subtask at a time: claim
                 (no `max`) -> GET the input range from its URL -> PUT the output to its URL ->
-                complete. The API runs with MINIONS_INLINE_INPUT_BYTES=0, so the claim carries no
-                inline input and the four requests are really four.
+                complete. The API runs with MINIONS_INLINE_INPUT_BYTES=0 and
+                MINIONS_INPUT_IN_DATABASE_BYTES=0, so the claim carries no inline input and the
+                four requests are really four. (The other HTTP arms' task, its records at most 64
+                KiB up to ~3,000 subtasks, has its input kept in the database, sql/240: the claims
+                read it in their own statement.)
   http-inline1  the same services, inline inputs on (the default 64 KiB): one subtask per request, as
                 unbatched, but its input rides in the claim's answer and its output in the complete:
                 claim (no `max`) -> complete with `output`, two requests a subtask.
@@ -285,12 +290,13 @@ async def pgq_start_latency(url: str, n: int) -> list[float]:
     return samples
 
 
-async def http_submit_latency(url: str, n: int, args: argparse.Namespace) -> list[float]:
-    """Through the API: `POST /api/v1/tasks` of a one-record inline task (split in its transaction),
-    until an executor long-polling `claim?max=10` (waiting before the submit, woken by the NOTIFY as
-    every waiting claim is) has its lease in hand, inline input included."""
+async def http_submit_latency(url: str, n: int, args: argparse.Namespace, **env: str) -> list[float]:
+    """Through the API: `POST /api/v1/tasks` of a one-record inline task (split in its transaction, its
+    record kept in the database unless `env` says otherwise), until an executor long-polling
+    `claim?max=10` (waiting before the submit, woken by the NOTIFY as every waiting claim is) has its
+    lease in hand, inline input included."""
     samples = []
-    async with running_services(url, args) as (services, admin_token, executor_token), \
+    async with running_services(url, args, **env) as (services, admin_token, executor_token), \
             MinionsClient(services.api_url, admin_token) as submitter, \
             ExecutorClient(services.api_url, executor_token) as executor:
         executor_id = (await executor.register({"name": "latency", "hardware": {"os": "bench", "device": "cpu"},
@@ -312,6 +318,8 @@ async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace
     out: dict[str, list[float]] = {}
     arms: tuple[tuple[str, Callable[[str, int], Awaitable[list[float]]]], ...] = (
         ("submit-sql", sql_submit_latency), ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
+        # The input as an object (sql/240's setting at 0): the path before small inputs were kept.
+        ("submit-http-object", lambda url, n: http_submit_latency(url, n, args, MINIONS_INPUT_IN_DATABASE_BYTES="0")),
         ("pgq-enqueue", pgq_start_latency))
     for arm, measure in arms:
         if arm.startswith("pgq"):
@@ -479,8 +487,8 @@ class CpuMeter:
 
 
 async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int, **env: str) -> float:
-    if batch == 1:
-        env["MINIONS_INLINE_INPUT_BYTES"] = "0"
+    if batch == 1:  # four requests: the input read from its object, not inline (nor kept in the database)
+        env["MINIONS_INLINE_INPUT_BYTES"] = env["MINIONS_INPUT_IN_DATABASE_BYTES"] = "0"
     conn = await connect(url)
     async with running_services(url, args, **env) as (services, admin_token, executor_token), \
             contextlib.AsyncExitStack() as stack:

@@ -119,9 +119,13 @@ class SimExecutor:
         self.leases.append(token)
         try:
             start, end = sub["input"]["range"]
-            async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
-                                   headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
-                records = [jsoncodec.loads(line) for line in (await resp.read()).splitlines() if line.strip()]
+            if sub["input"]["url"] is None:  # a task whose input is kept in the database: inline only
+                data = sub["input"]["data"].encode()
+            else:
+                async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
+                                       headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
+                    data = await resp.read()
+            records = [jsoncodec.loads(line) for line in data.splitlines() if line.strip()]
             out = b"".join(jsoncodec.dumps_line({"id": r["id"], "slept_ms": r["ms"]}) for r in records)
             async with session.put(yarl.URL(sub["output"]["url"], encoded=True), data=out) as resp:
                 if resp.status != 200:

@@ -107,6 +107,12 @@ class Settings:
     result_in_database_bytes: int = _setting(4 * 1024, "MINIONS_RESULT_IN_DATABASE_BYTES",
                                              "inline outputs up to this are kept in the database, not as an "
                                              "object each (0: never)", {API})
+    # sql/240_inputs_in_database.sql: the inline records of a task split at submission are committed
+    # with it, no input object (an input_objects row, a file, an fsync and a rename, or an S3 PUT);
+    # its claims send their ranges from there, whatever MINIONS_INLINE_INPUT_BYTES says.
+    input_in_database_bytes: int = _setting(64 * 1024, "MINIONS_INPUT_IN_DATABASE_BYTES",
+                                            "inline records up to this are kept in the database, not as an "
+                                            "input object (0: never)", {API})
 
     def validate(self) -> Settings:
         problems = []
@@ -122,10 +128,14 @@ class Settings:
         if self.result_in_database_bytes > 1024 * 1024:
             # Rows are not the place for big results (and the check reads such outputs whole).
             problems.append("MINIONS_RESULT_IN_DATABASE_BYTES must be <= 1048576 (1 MiB)")
+        if self.input_in_database_bytes > 1024 * 1024:
+            # Nor for big inputs: every claim of the task carries its ranges inline (task_inputs' bound).
+            problems.append("MINIONS_INPUT_IN_DATABASE_BYTES must be <= 1048576 (1 MiB)")
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
-                     "inline_output_bytes", "retention_days", "compact_interval_s", "result_in_database_bytes"):
+                     "inline_output_bytes", "retention_days", "compact_interval_s", "result_in_database_bytes",
+                     "input_in_database_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env(name)} must be >= 0")
         if self.retention_interval_s <= 0:

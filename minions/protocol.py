@@ -92,7 +92,9 @@ class LeaseTerms(Struct, kw_only=True):
 
 
 class InputRef(Struct, kw_only=True):
-    url: Annotated[str, Meta(description="Presigned GET; honours Range.")]
+    url: Annotated[str | None, Meta(description=(
+        "Presigned GET; honours Range. null when the task's input is kept in the database: `data` "
+        "then always holds the range."))]
     range: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(min_length=2, max_length=2,
                                                             description="[start, end) in bytes.")]
     records: Count

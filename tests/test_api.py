@@ -25,6 +25,13 @@ async def api(database_url: str, tmp_path: Path):  # type: ignore[no-untyped-def
         yield harness
 
 
+@pytest.fixture
+async def object_api(database_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Inline records stored as an input object, as bigger ones are (not kept in the database)."""
+    async with running_api(database_url, tmp_path / "store", input_in_database_bytes=0) as harness:
+        yield harness
+
+
 async def test_health_needs_no_token(api: ApiHarness) -> None:
     reply = await api.call("GET", "/api/v1/health", token=None)
     assert (reply.status, reply.body) == (200, {"status": "ok", "database": "ok"})
@@ -134,7 +141,8 @@ async def test_long_poll_is_woken_by_notify_and_times_out_with_204(api: ApiHarne
     assert lease["subtask"]["input"]["range"] == [0, 100] and lease["lease"]["token"]
 
 
-async def test_stale_lease_gets_409_and_its_output_never_appears(api: ApiHarness, tmp_path: Path) -> None:
+async def test_stale_lease_gets_409_and_its_output_never_appears(object_api: ApiHarness, tmp_path: Path) -> None:
+    api = object_api  # its inline records are an input object
     assert (await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "subtask_size": 2})).status == 201
     conn = await connect(api.settings.database_url)
     # Split inline (the splitter service is tested on its own): one subtask covering both records.
@@ -220,14 +228,16 @@ async def test_a_lease_answers_only_to_its_executors_token(api: ApiHarness, data
     assert (await api.call("POST", f"/api/v1/leases/{token}/release", token="executor")).status == 200
 
 
-async def test_identical_submissions_racing_keep_the_winners_input(api: ApiHarness) -> None:
+async def test_identical_submissions_racing_keep_the_winners_input(object_api: ApiHarness) -> None:
+    api = object_api  # its inline records are an input object
     replies = await asyncio.gather(*(api.call("POST", "/api/v1/tasks", json=SLEEP_TASK) for _ in range(4)))
     assert sorted(r.status for r in replies) == [200, 200, 200, 201]
     uri = replies[0].body["input_uri"]
     assert await asyncio.to_thread(Path(uri.removeprefix("file://")).exists)
 
 
-async def test_cancelled_mid_split_results_hold_every_record(api: ApiHarness) -> None:
+async def test_cancelled_mid_split_results_hold_every_record(object_api: ApiHarness) -> None:
+    api = object_api  # its inline records are an input object
     records = [{"id": f"r{i}", "ms": 1} for i in range(10)]
     assert (await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "input": {"records": records},
                                                           "subtask_size": 2})).status == 201

@@ -138,8 +138,10 @@ async def _get(url: str, token: str) -> tuple[int, bytes]:
 
 
 async def test_the_watchdog_runs_it_and_the_kept_tasks_objects_stay(database_url: str, tmp_path: Path) -> None:
+    # Inline records as input objects (not kept in the database): the objects staying is what is tested.
     services = Services(database_url, tmp_path / "services",
-                        extra_env={"MINIONS_RETENTION_DAYS": "1", "MINIONS_RETENTION_INTERVAL_S": "1"})
+                        extra_env={"MINIONS_RETENTION_DAYS": "1", "MINIONS_RETENTION_INTERVAL_S": "1",
+                                   "MINIONS_INPUT_IN_DATABASE_BYTES": "0"})
     await services.start_all()
     tokens = await tenant_tokens(database_url)
     api, store = services.api_url, services.store_root

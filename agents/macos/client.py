@@ -181,6 +181,8 @@ class ExecutorClient:
             return b""
         if ref.data is not None:  # sent inline with the claim
             return ref.data.encode()
+        if ref.url is None:  # parse_claim(s) refuses such an answer; never a GET of nothing
+            raise protocol.ProtocolError("an input with neither a URL nor inline data")
         headers = {"Range": f"bytes={ref.start}-{ref.end - 1}"}
         attempt = 0
         while True:

@@ -42,6 +42,8 @@ def parse_claims(body: Any) -> list[Claim]:
 
 def _checked(claim: Claim) -> Claim:
     ref = claim.subtask.input
+    if ref.url is None and ref.data is None:
+        raise ProtocolError("an input with neither a URL nor inline data")
     if ref.data is not None and len(ref.data.encode()) != ref.end - ref.start:
         raise ProtocolError(f"inline input of {len(ref.data.encode())} bytes for a range of {ref.end - ref.start}")
     return claim

@@ -129,7 +129,7 @@ async def delete(args: argparse.Namespace) -> int:
         raise SystemExit(f"minions: expected TEAM/PROJECT/NAME, got {args.task!r}")
     async with connection.client_from_args(args) as client:
         await client.delete(*parts)
-    print(f"deleted {args.task}; its input and results go at the next garbage collection")
+    print(f"deleted {args.task}; its stored input and results go at the next garbage collection")
     return 0
 
 

@@ -146,7 +146,7 @@ async def submit(args: argparse.Namespace) -> int:
         return 2
     async with connection.client_from_args(args) as client:
         existing = await _existing(client, args.team, args.project, args.name)
-        if existing is not None and not existing["input_uri"].endswith(f"/{checked.sha256}.jsonl"):
+        if existing is not None and not (existing["input_uri"] or "").endswith(f"/{checked.sha256}.jsonl"):
             print(f"minions: task {args.team}/{args.project}/{args.name} exists with another input; "
                   "choose another --name (nothing was uploaded)", file=sys.stderr)
             return 1

@@ -12,24 +12,35 @@ from minions.services.splitter.cutter import Cutter, InputError
 
 @dataclass(frozen=True)
 class SplitRanges:
-    """The arguments minion_submit_task takes for the subtasks: one list per column."""
+    """The arguments minion_submit_task takes for the subtasks (one list per column) and, when the
+    records are kept in the database (sql/240_inputs_in_database.sql), the records themselves."""
 
     byte_starts: list[int]
     byte_ends: list[int]
     first_records: list[int]
     records: list[int]
+    kept: bytes | None = None
 
 
-def cut_small(records: SpooledRecords, kind: str, subtask_size: int, max_bytes: int) -> SplitRanges | None:
-    """The subtasks of inline records no bigger than `max_bytes`, or None (the splitter's job).
-    Blocking (reads the spool): call it in a thread."""
+def cut_small(records: SpooledRecords, kind: str, subtask_size: int, max_bytes: int,
+              keep_up_to: int = 0) -> SplitRanges | None:
+    """The subtasks of inline records no bigger than `max_bytes`, or None (the splitter's job); the
+    records' bytes `kept` too when they are no bigger than `keep_up_to`. Blocking (reads the spool):
+    call it in a thread unless the records are small."""
     if records.size > max_bytes:
         return None
     cutter = Cutter(kind, subtask_size)
+    keep = 0 < records.size <= keep_up_to
+    chunks: list[bytes] = []
     try:
-        subtasks = [s for chunk in records.chunks() for s in cutter.feed(chunk)]
+        subtasks = []
+        for chunk in records.chunks():
+            subtasks += cutter.feed(chunk)
+            if keep:
+                chunks.append(chunk)
         subtasks += cutter.finish()
     except InputError:
         return None  # the splitter fails the task with its usual error
     return SplitRanges([s.byte_start for s in subtasks], [s.byte_end for s in subtasks],
-                       [s.first_record for s in subtasks], [s.records for s in subtasks])
+                       [s.first_record for s in subtasks], [s.records for s in subtasks],
+                       b"".join(chunks) if keep else None)

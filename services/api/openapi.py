@@ -336,7 +336,8 @@ def _response_schemas() -> dict[str, Schema]:
             "status": {"type": "string", "enum": list(TASK_STATUSES)},
             "subtasks": _object({k: _count() for k in ("total", "pending", "leased", "done", "failed", "cancelled")}),
             "records": _object({"total": _count(), "done": _count()}),
-            "input_uri": {"type": "string"},
+            "input_uri": _nullable({"type": "string", "description": "The input object; null when the task's "
+                                    "inline records are kept in the database (MINIONS_INPUT_IN_DATABASE_BYTES)."}),
             "created_at": _timestamp(),
             "started_at": _timestamp(nullable=True),
             "finished_at": _timestamp(nullable=True),

@@ -72,6 +72,8 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES), after the same check.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
+    if lease["input_uri"] is None and input_data is None:  # kept in the database (sql/240): the task went
+        raise StoreError(f"the input of task {lease['task_id']} is gone")
     keep = inline is not None and len(inline) <= keep_up_to
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):
         if input_data is None:
@@ -92,7 +94,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     key = result_key(lease, token)
     # Both stores' read() is an async generator: closed below however the check ends.
     reader = cast(AsyncGenerator[bytes, None],
-                  store.read(lease["input_uri"], lease["byte_start"], lease["byte_end"]))
+                  store.read(lease["input_uri"], start, end) if input_data is None else _pieces(input_data))
 
     async def checked() -> AsyncIterator[bytes]:
         input_done = False

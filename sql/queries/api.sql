@@ -27,13 +27,14 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 
 -- name: submit_task
 -- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
--- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL.
+-- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
+-- when they are kept in the database (sql/240), else NULL; $18 the team's input quota (0: none).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
        minion_task_servable(t.team, t.kind, t.model) AS servable
 FROM minion_submit_task($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                        $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[]) t;
+                        $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18) t;
 
 -- name: task_request_hash
 SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $3;
@@ -85,7 +86,14 @@ SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHE
 SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
 
 -- name: lease_info
-SELECT * FROM minion_lease_info($1);
+-- input_data: the range of a kept input (sql/240), for the complete's check.
+SELECT i.*, CASE WHEN i.input_uri IS NULL THEN minion_kept_input(i.task_id, i.byte_start, i.byte_end) END
+       AS input_data
+FROM minion_lease_info($1) i;
+
+-- name: kept_input
+-- Bytes [$2, $3) of task $1's kept input (sql/240), NULL when its input is an object.
+SELECT minion_kept_input($1, $2, $3);
 
 -- name: output_writable
 -- The local store takes a PUT of an output key only while its lease is live.
@@ -142,8 +150,12 @@ SELECT minion_input_use($1, $2, $3, $4);
 SELECT minion_delete_task($1);
 
 -- name: claim_batch
--- $1 executor, $2 the caller's API token id (NULL: an admin), $3 at most this many, $4 straggler factor
-SELECT * FROM minion_claim_batch($1, $2, $3, $4);
+-- $1 executor, $2 the caller's API token id (NULL: an admin), $3 at most this many, $4 straggler factor.
+-- input_data: the range of a kept input (sql/240), read in the claim's own statement.
+WITH c AS (SELECT * FROM minion_claim_batch($1, $2, $3, $4))
+SELECT c.*, CASE WHEN c.verdict = 'leased' AND c.input_uri IS NULL
+                 THEN minion_kept_input(c.task_id, c.byte_start, c.byte_end) END AS input_data
+FROM c;
 
 -- name: heartbeat_as
 -- $1 executor, $2 the caller's API token id (NULL: an admin), $3 the lease tokens it names

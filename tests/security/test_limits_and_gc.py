@@ -198,8 +198,10 @@ async def test_gc_returns_the_space_of_an_api_killed_mid_upload(database_url: st
 
 async def test_the_watchdog_sweeps_unreferenced_inputs_and_outputs_of_deleted_tasks(database_url: str,
                                                                                      tmp_path: Path) -> None:
+    # Inline records as input objects (not kept in the database): their sweep is what is tested.
     services = Services(database_url, tmp_path / "services",
-                        extra_env={"MINIONS_GC_INTERVAL_S": "1", "MINIONS_GC_GRACE_S": "3"})
+                        extra_env={"MINIONS_GC_INTERVAL_S": "1", "MINIONS_GC_GRACE_S": "3",
+                                   "MINIONS_INPUT_IN_DATABASE_BYTES": "0"})
     await services.start_all()
     tokens = await tenant_tokens(database_url)
     api, store = services.api_url, services.store_root

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -178,6 +178,8 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
         if _hung_up(request):
             raise ConnectionResetError
         inputs = await _inline_inputs(request.app[STORE], rows, request.app[SETTINGS].inline_input_bytes)
+        inputs = [data if data is not None or row["input_uri"] is not None else await _kept_input(pool, row)
+                  for row, data in zip(rows, inputs, strict=True)]
         leases = await asyncio.gather(*(_lease(request, row, data) for row, data in zip(rows, inputs, strict=True)))
     except (StoreError, ConnectionResetError):
         # The claim committed but the executor cannot be told: hand it back now rather than leave
@@ -204,23 +206,26 @@ async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol
         subtask=protocol.LeasedSubtask(
             team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
             attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
-            input=protocol.InputRef(url=await store.presign_get(row["input_uri"], lifetime), range=[start, end],
-                                    records=row["records"], data=_as_text(data)),
+            # A kept input (sql/240) has no object to GET: its range always rides inline.
+            input=protocol.InputRef(url=None if row["input_uri"] is None else
+                                    await store.presign_get(row["input_uri"], lifetime),
+                                    range=[start, end], records=row["records"], data=_as_text(data)),
             output=protocol.OutputRef(url=await store.presign_put(row["output_key"], lifetime)),
         ),
     )
 
 
 async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> list[bytes | None]:
-    """Each lease's input range when it is at most `limit` bytes (to ride in the answer: no GET for
-    the executor), else None; None too when it cannot be read (the executor's GET meets the same
-    trouble, and reports it as it always has). The ranges of one input object are read in one go
-    when they lie close together (a batch's usually follow one another)."""
+    """Each lease's input range when the task's input is kept in the database (the claim read it), or
+    when it is at most `limit` bytes (to ride in the answer: no GET for the executor), else None;
+    None too when it cannot be read (the executor's GET meets the same trouble, and reports it as it
+    always has). The ranges of one input object are read in one go when they lie close together (a
+    batch's usually follow one another)."""
+    found: list[bytes | None] = [row["input_data"] for row in rows]  # kept inputs: read by the claim
     small: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
-        if row["byte_end"] - row["byte_start"] <= limit:
+        if row["input_uri"] is not None and row["byte_end"] - row["byte_start"] <= limit:
             small.setdefault(row["input_uri"], []).append(i)
-    found: list[bytes | None] = [None] * len(rows)
 
     async def read(uri: str, members: list[int]) -> None:
         start = min(rows[i]["byte_start"] for i in members)
@@ -240,8 +245,18 @@ async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> lis
     return found
 
 
+async def _kept_input(pool: Any, row: Any) -> bytes:
+    """A kept input's range the claim's statement did not return, read again; StoreError when the
+    task is gone meanwhile (the claim is then handed back, as when a store read fails)."""
+    data = await pool.fetchval(Q.kept_input, row["task_id"], row["byte_start"], row["byte_end"])
+    if data is None:
+        raise StoreError(f"the kept input of task {row['task_id']} is gone")
+    return cast(bytes, data)
+
+
 def _as_text(data: bytes | None) -> str | None:
-    """Inline input is JSONL text; bytes that are not UTF-8 are left to the executor's GET."""
+    """Inline input is JSONL text; bytes that are not UTF-8 are left to the executor's GET. (A kept
+    input is always UTF-8: the API wrote it from validated records.)"""
     try:
         return None if data is None else data.decode("utf-8")
     except UnicodeDecodeError:

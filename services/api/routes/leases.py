@@ -9,7 +9,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
@@ -118,13 +118,26 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
             if completion.records != lease.live["records"]:
                 _verdict("records_mismatch")
             verified = await _verify(request.app[STORE], lease.live, lease.token, inline,
-                                     request.app[LEASES].input_of(lease.token),
-                                     request.app[SETTINGS].result_in_database_bytes)
+                                     await _input_of(request, lease), request.app[SETTINGS].result_in_database_bytes)
         except ApiError:
             if await _still_live(request, lease):
                 raise
             lease.live = None
     return _Completing(lease, completion.records, completion.seconds, verified, inline is not None)
+
+
+async def _input_of(request: web.Request, lease: _Lease) -> bytes | None:
+    """The lease's input range if the API has it at hand (kept from its claim), or when the task's
+    input is kept in the database (sql/240): then from the lease's lookup, or read now. None: the
+    check reads it from the input object."""
+    data = request.app[LEASES].input_of(lease.token)
+    if data is not None or lease.live["input_uri"] is not None:
+        return data
+    data = lease.live.get("input_data")  # minion_lease_info's row has it; a claim's facts do not
+    if data is None:
+        data = await request.app[POOL].fetchval(Q.kept_input, lease.live["task_id"], lease.live["byte_start"],
+                                                lease.live["byte_end"])
+    return cast(bytes | None, data)  # None: the task went meanwhile (the check says its input is gone)
 
 
 async def _finish_complete(request: web.Request, done: _Completing, verdict: str) -> None:

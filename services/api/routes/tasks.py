@@ -8,9 +8,9 @@ import hashlib
 import re
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import astuple
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from minions import jsoncodec, readahead
@@ -49,6 +49,7 @@ RESULT_PAGE = 200
 RESULT_READ_AHEAD = 16  # committed results read at once while streaming (each ≤ VERIFY_IN_MEMORY held)
 PART_URL_S = 3600.0  # how long the presigned URLs of ?format=parts work
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+CUT_ON_LOOP = 16 * 1024  # inline records up to this are split on the event loop
 
 
 class DigestMismatch(Exception):
@@ -89,37 +90,51 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
     pool, store = request.app[POOL], request.app[STORE]
 
-    existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
-    if existing is not None:
-        return await _resubmitted(request, task, existing)
-
-    input_uri = await _store_input(request, principal, task)
     ranges = await _small_split(request, task)
-    # One function call: the task, and the subtasks of a small one (sql/181_submit_task.sql).
-    row = await pool.fetchrow(
-        Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
-        task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id,
-        *(astuple(ranges) if ranges is not None else (None, None, None, None)),
-    )
-    if row is None:  # lost a race for the name: answered like a re-submission
+    input_uri = None
+    if ranges is None or ranges.kept is None:
+        # An input object: not written for a re-submission of an existing task.
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
-        if task.records is not None and existing["request_hash"] != task.request_hash:
+        if existing is not None:
+            return await _resubmitted(request, task, existing)
+        input_uri = await _store_input(request, principal, task)
+    # One function call: the task, the subtasks of a small one, and its records when they are kept in
+    # the database (sql/181_submit_task.sql, sql/240_inputs_in_database.sql).
+    split = (ranges.byte_starts, ranges.byte_ends, ranges.first_records, ranges.records, ranges.kept) \
+        if ranges is not None else (None,) * 5
+    quota = request.app[SETTINGS].team_input_quota_bytes
+    try:
+        row = await pool.fetchrow(
+            Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
+            task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split, quota,
+        )
+    except asyncpg.ConfigurationLimitExceededError:  # a kept input past the team's quota: nothing committed
+        raise inputs.quota_exceeded(task.team, int(await pool.fetchval(Q.team_input_bytes, task.team)),
+                                    quota) from None
+    if row is None:  # the name is taken (or was, in a race): answered like a re-submission
+        existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
+        if input_uri is not None and task.records is not None and existing["request_hash"] != task.request_hash:
             # Only a different body's input is ours alone to remove: an identical body wrote the very
             # object (keyed by its hash) that the winning task reads.
             await store.delete(input_uri)
         return await _resubmitted(request, task, existing)
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
-             model=task.model, split_at_submit=ranges is not None)
+             model=task.model, split_at_submit=ranges is not None, input_kept=input_uri is None)
     return json_response(task_object(row, store), 201)
 
 
 async def _small_split(request: web.Request, task: TaskRequest) -> SplitRanges | None:
-    """The subtasks of small inline records, cut here (services/api/inline_split.py); None leaves
-    the split to the splitter."""
-    limit = request.app[SETTINGS].inline_split_max_bytes
+    """The subtasks of small inline records, cut here (services/api/inline_split.py), with the
+    records themselves when they are kept in the database; None leaves the split to the splitter."""
+    settings = request.app[SETTINGS]
+    limit = settings.inline_split_max_bytes
     if task.records is None or task.records.size > limit:
         return None
-    return await asyncio.to_thread(cut_small, task.records, task.kind, task.subtask_size, limit)
+    cut = functools.partial(cut_small, task.records, task.kind, task.subtask_size, limit,
+                            settings.input_in_database_bytes)
+    # A few KiB of records are cut on the loop (as they were validated there): a thread's round trip
+    # would cost more than the work.
+    return cut() if task.records.size <= CUT_ON_LOOP else await asyncio.to_thread(cut)
 
 
 async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -> web.Response:
@@ -288,17 +303,17 @@ async def _result_chunks(request: web.Request, task: Any) -> AsyncIterator[bytes
                                                            part["sha256"])):
                 yield chunk
         return
-    pieces = readahead.ordered(_subtask_pages(pool, task), functools.partial(_result_piece, store, task),
+    pieces = readahead.ordered(_subtask_pages(pool, task), functools.partial(_result_piece, pool, store, task),
                                RESULT_READ_AHEAD)
     async for piece in pieces:
         async for chunk in piece:
             yield chunk
-    if task["status"] == "cancelled":
+    if task["status"] == "cancelled" and task["input_uri"] is not None:  # (a kept input is split at submit)
         # Cancelled mid-split: the input past the split never became subtasks; its records still
         # get their line, so results hold one line per input record.
         size = await store.size(task["input_uri"])
         if size is not None and task["split_offset"] < size:
-            async for line in _error_lines(store, task, task["split_offset"], size, "task cancelled"):
+            async for line in _error_lines(pool, store, task, task["split_offset"], size, "task cancelled"):
                 yield line
 
 
@@ -313,7 +328,7 @@ async def _subtask_pages(pool: Any, task: Any) -> AsyncIterator[Any]:
         after = page[-1]["subtask_id"]
 
 
-async def _result_piece(store: ObjectStore, task: Any, sub: Any) -> AsyncIterator[bytes]:
+async def _result_piece(pool: Any, store: ObjectStore, task: Any, sub: Any) -> AsyncIterator[bytes]:
     """One subtask's share of the results. A small committed result is read (and verified) now, ahead
     of its turn; a large one, error lines and nothing at all are produced at their turn."""
     if sub["state"] == "done":
@@ -323,7 +338,7 @@ async def _result_piece(store: ObjectStore, task: Any, sub: Any) -> AsyncIterato
         return chunks
     if sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
         reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
-        return _error_lines(store, task, sub["byte_start"], sub["byte_end"], redact(reason or "failed"))
+        return _error_lines(pool, store, task, sub["byte_start"], sub["byte_end"], redact(reason or "failed"))
     return _each([])
 
 
@@ -353,10 +368,11 @@ async def _read_checked(store: ObjectStore, uri: str, chunks: AsyncIterator[byte
         raise
 
 
-async def _error_lines(store: ObjectStore, task: Any, start: int, end: int, reason: str) -> AsyncIterator[bytes]:
+async def _error_lines(pool: Any, store: ObjectStore, task: Any, start: int, end: int,
+                       reason: str) -> AsyncIterator[bytes]:
     """One {"id", "error"} line per input record in bytes [start, end) that produced no result."""
     buffer = b""
-    async for chunk in store.read(task["input_uri"], start, end):
+    async for chunk in _input_range(pool, store, task, start, end):
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
@@ -366,6 +382,18 @@ async def _error_lines(store: ObjectStore, task: Any, start: int, end: int, reas
     if buffer.strip():
         record_id, _ = parse_line(task["kind"], buffer)
         yield jsoncodec.dumps_line({"id": record_id, "error": reason})
+
+
+async def _input_range(pool: Any, store: ObjectStore, task: Any, start: int, end: int) -> AsyncIterator[bytes]:
+    """Bytes [start, end) of the task's input: from its object, or its bytes kept in the database."""
+    if task["input_uri"] is not None:
+        async for chunk in store.read(task["input_uri"], start, end):
+            yield chunk
+        return
+    data = await pool.fetchval(Q.kept_input, task["id"], start, end)
+    if data is None:
+        raise ObjectNotFound(f"the kept input of task {task['id']}")  # the task went meanwhile
+    yield data
 
 
 @routes.post("/api/v1/inputs")

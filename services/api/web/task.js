@@ -239,7 +239,7 @@ export function taskView(ctx, team, project, name) {
       kv("Subtask size", `${fmtInt(task.subtask_size)} records`),
       kv("Priority", String(task.priority)),
       kv("Parameters", params, "mono"),
-      kv("Input", task.input_uri || "—", "mono truncate-2")));
+      kv("Input", task.input_uri || "inline records, kept in the database", "mono truncate-2")));
   }
 
   // ---- executors ----
