@@ -157,6 +157,10 @@ async def test_the_schema_keeps_an_input_in_exactly_one_place(database_url: str)
         with pytest.raises(asyncpg.InvalidParameterValueError, match="kept input"):
             await conn.fetchval(SUBMIT, name, uri, starts, ends, starts and [0, 1], starts and [1, 1], DATA)
     assert await conn.fetchval("SELECT count(*) FROM tasks") == 1
+    # A task created and deleted again in one transaction commits: its input went with it.
+    async with conn.transaction():
+        gone = await conn.fetchval(SUBMIT, "gone", None, [0, 18], [18, 36], [0, 1], [1, 1], DATA)
+        await conn.execute("DELETE FROM tasks WHERE id = $1", gone)
     # The bytes go with their task, and the team's quota gets the room back.
     await conn.execute("DELETE FROM tasks WHERE id = $1", task_id)
     assert await conn.fetchval("SELECT count(*) FROM task_inputs") == 0
