@@ -493,7 +493,10 @@ class Agent:
                 continue
             for token, state in states.items():
                 job = self._jobs.get(token)
-                if job is not None and state != "ok":
+                # A lease whose complete is in flight is left to that complete's answer: the server
+                # answers "lost" for a lease it has just committed (it is no longer leased), and
+                # aborting then would drop a subtask that is done.
+                if job is not None and state != "ok" and token not in self._in_commit:
                     log.info("lease_gone", subtask=job.claim.subtask.label, state=state)
                     job.abort(state)
 

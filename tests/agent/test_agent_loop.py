@@ -35,7 +35,7 @@ import pytest
 from minions import jsoncodec
 from minions.agents.macos import agent as agent_module
 from minions.agents.macos.agent import Agent
-from minions.agents.macos.client import ExecutorClient
+from minions.agents.macos.client import ExecutorClient, Rejected
 from minions.agents.macos.config import PolicyConfig, build
 from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.policy import OwnerPolicy
@@ -46,6 +46,7 @@ from minions.agents.macos.runners.sleep import SleepRunner
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.backoff import Backoff
 from minions.db.connect import connect
+from minions.protocol import LeaseCompletion
 from minions.services.splitter.split import split_task
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
@@ -200,7 +201,8 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def running_agent(w: World, models: tuple[str, ...] = ("m1",)) -> AsyncIterator[Harness]:
+async def running_agent(w: World, models: tuple[str, ...] = ("m1",),
+                        client_type: type[ExecutorClient] = ExecutorClient) -> AsyncIterator[Harness]:
     """The agent's Agent class, in this process, against the real API; yields once registered and
     stops (hands back, deregisters) on the way out."""
     owner = {"load": 0.0}  # the owner "comes back" when the load goes over max_load
@@ -218,8 +220,8 @@ async def running_agent(w: World, models: tuple[str, ...] = ("m1",)) -> AsyncIte
     runners: dict[str, Runner] = {"sleep": SleepRunner(),
                                   "embedding": EmbeddingRunner(TorchSettings(device=MISSING_DEVICE))}
     policy = OwnerPolicy(PolicyConfig(max_load=1.0), "Linux", load_average=lambda: owner["load"])
-    async with ExecutorClient(w.api.url, w.api.executor,
-                              backoff=Backoff(0.01, 0.05, rng=random.Random(0))) as client:
+    async with client_type(w.api.url, w.api.executor,
+                           backoff=Backoff(0.01, 0.05, rng=random.Random(0))) as client:
         agent = Agent(config, client, runners, policy, MACHINE, list(models), keep_awake=keep_awake,
                       policy_poll_s=0.05, idle_poll_s=0.05)
         task = asyncio.create_task(agent.run())
@@ -383,6 +385,44 @@ async def test_completes_that_come_together_go_in_one_batched_request(w: World) 
         assert [a["outcome"] for a in await w.attempts(task_id)] == ["done"] * len(records)
         assert await w.results("many") == [{"id": i, "slept_ms": 0} for i in range(60)]
         await until(lambda: h.agent.completed == len(records), "the agent to count every commit")
+
+
+class _SlowAnswers(ExecutorClient):
+    """The real client, but each complete's answer reaches the agent only after several heartbeats
+    have gone out (a slow network back from the API)."""
+
+    delay_s = 1.0
+
+    async def complete(self, token: str, records: int, seconds: float, output: bytes | None = None) -> None:
+        await super().complete(token, records, seconds, output)
+        await asyncio.sleep(self.delay_s)
+
+    async def complete_batch(self, completions: list[LeaseCompletion]) -> dict[str, Rejected | None]:
+        outcomes = await super().complete_batch(completions)
+        await asyncio.sleep(self.delay_s)
+        return outcomes
+
+
+async def test_a_heartbeat_while_the_complete_is_answered_keeps_the_subtask_done(w: World) -> None:
+    """The server commits a complete, then a heartbeat names its lease before the answer is back:
+    the heartbeat answers "lost" (the lease is no longer leased), and the agent waits for the
+    complete's own answer rather than drop a subtask that is done."""
+    async with running_agent(w, client_type=_SlowAnswers) as h:
+        assert h.agent.registration.heartbeat_interval_s * 3 < _SlowAnswers.delay_s
+        task_id = await w.submit("slow-answer", "sleep", [{"id": 1, "ms": 0}])
+        await eventually(lambda: w.status_is("slow-answer", "completed"), "the task to complete")
+        token = (await w.attempts(task_id))[0]["token"]
+        beat = f"/api/v1/executors/{h.executor_id}/heartbeat"
+
+        async def beats() -> int:
+            return sum(1 for _, path, _ in w.requests() if path == beat)
+
+        after = await beats()
+        await eventually(lambda: _now(h.agent.completed == 1 or None), "the agent to count the commit")
+        assert await beats() > after  # heartbeats went out while the answer was on its way
+        assert token not in h.agent.held_leases()
+        assert "lease_gone" not in w.caplog.text
+    assert [a["outcome"] for a in await w.attempts(task_id)] == ["done"]
 
 
 @pytest.mark.parametrize("state", ["cancelled", "lost"])
