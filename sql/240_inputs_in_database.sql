@@ -72,32 +72,38 @@ LOCK TABLE input_objects IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO team_input_usage (team, bytes)
 SELECT coalesce(team::text, ''), sum(bytes) FROM input_objects GROUP BY 1;
 
+-- Both tables carry the team and the bytes it stores: one pair of statement triggers counts either,
+-- one UPDATE per team a statement touches (not one per row: a garbage collector's sweep deletes
+-- thousands), the teams taken in order. A statement deleting inputs of several teams (the sweep,
+-- retention) locks their count rows in that one order, so two of them never wait on each other in
+-- a cycle (row triggers would lock them in the order the rows came, and could deadlock).
 -- (A decrease is an UPDATE: an upsert checks the row it would insert, a negative count, first. Never
 -- below 0: a count that drifted low must not stop the garbage collector's or retention's deletes.)
-CREATE FUNCTION minion_count_team_input(p_team text, p_bytes bigint) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION minion_inputs_added() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_bytes < 0 THEN
-        UPDATE team_input_usage SET bytes = greatest(bytes + p_bytes, 0) WHERE team = coalesce(p_team, '');
-    ELSE
-        INSERT INTO team_input_usage AS u (team, bytes) VALUES (coalesce(p_team, ''), p_bytes)
-        ON CONFLICT (team) DO UPDATE SET bytes = u.bytes + excluded.bytes;
-    END IF;
-END $$;
-
--- Both tables carry the team and the bytes it stores: one function counts a row of either.
-CREATE FUNCTION minion_input_counted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        PERFORM minion_count_team_input(NEW.team, NEW.bytes);
-    ELSE
-        PERFORM minion_count_team_input(OLD.team, -OLD.bytes);
-    END IF;
+    INSERT INTO team_input_usage AS u (team, bytes)
+    SELECT coalesce(a.team::text, ''), sum(a.bytes) FROM added a GROUP BY 1 ORDER BY 1
+    ON CONFLICT (team) DO UPDATE SET bytes = u.bytes + excluded.bytes;
     RETURN NULL;
 END $$;
-CREATE TRIGGER input_objects_usage AFTER INSERT OR DELETE ON input_objects
-    FOR EACH ROW EXECUTE FUNCTION minion_input_counted();
-CREATE TRIGGER task_inputs_usage AFTER INSERT OR DELETE ON task_inputs
-    FOR EACH ROW EXECUTE FUNCTION minion_input_counted();
+CREATE FUNCTION minion_inputs_removed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT coalesce(g.team::text, '') AS team, sum(g.bytes) AS bytes
+               FROM removed g GROUP BY 1 ORDER BY 1 LOOP
+        UPDATE team_input_usage SET bytes = greatest(bytes - r.bytes, 0) WHERE team = r.team;
+    END LOOP;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER input_objects_added AFTER INSERT ON input_objects REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION minion_inputs_added();
+CREATE TRIGGER input_objects_removed AFTER DELETE ON input_objects REFERENCING OLD TABLE AS removed
+    FOR EACH STATEMENT EXECUTE FUNCTION minion_inputs_removed();
+CREATE TRIGGER task_inputs_added AFTER INSERT ON task_inputs REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION minion_inputs_added();
+CREATE TRIGGER task_inputs_removed AFTER DELETE ON task_inputs REFERENCING OLD TABLE AS removed
+    FOR EACH STATEMENT EXECUTE FUNCTION minion_inputs_removed();
 -- (input_objects.bytes never changes after its insert: only used_at does.)
 CREATE FUNCTION minion_input_bytes_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

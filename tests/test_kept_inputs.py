@@ -14,6 +14,7 @@ import yarl
 
 from minions import jsoncodec
 from minions.db.connect import connect
+from minions.testing.waiting import eventually
 from tests.support.api import ApiHarness, running_api
 from tests.support.leases import sleep_output
 
@@ -213,4 +214,33 @@ async def test_a_claim_that_began_before_the_task_was_committed_still_reads_its_
     assert [r["verdict"] for r in rows] == ["leased", "leased"]
     assert [r["input_data"] for r in rows] == [DATA[:18], DATA[18:]]
     for conn in (setup, blocker, claimer):
+        await conn.close()
+
+
+async def test_deletes_of_several_teams_take_their_counts_in_one_order(database_url: str) -> None:
+    """A statement deleting inputs of several teams (the garbage collector's sweep) takes their count
+    rows in team order, whatever order its rows come in: a delete that takes them in that order too
+    never deadlocks with it (with a count per row, the sweep held beta's while it waited for alpha's)."""
+    setup, holder, sweeper = await connect(database_url), await connect(database_url), await connect(database_url)
+    record = "SELECT minion_record_input($1, $2, 10, NULL, 1000)"
+    # In uri order and in the table's order, beta's object comes before alpha's.
+    for uri, team in [("file:///1", "beta"), ("file:///2", "alpha"), ("file:///3", "alpha"), ("file:///4", "beta")]:
+        assert await setup.fetchval(record, uri, team) == "ok"
+    holding = holder.transaction()
+    await holding.start()
+    await holder.execute("DELETE FROM input_objects WHERE uri = 'file:///3'")  # holds alpha's count
+    sweep = asyncio.create_task(sweeper.execute("DELETE FROM input_objects WHERE uri IN ('file:///1', 'file:///2')"))
+
+    async def sweep_waits() -> bool:
+        state = await setup.fetchval("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                                     sweeper.get_server_pid())
+        return state == "Lock"
+
+    await eventually(sweep_waits, "the sweep to wait for alpha's count")
+    await holder.execute("DELETE FROM input_objects WHERE uri = 'file:///4'")  # beta's count: not held
+    await holding.commit()
+    assert await asyncio.wait_for(sweep, 10) == "DELETE 2"
+    counts = await setup.fetch("SELECT team, bytes FROM team_input_usage ORDER BY team")
+    assert [(r["team"], r["bytes"]) for r in counts] == [("alpha", 0), ("beta", 0)]
+    for conn in (setup, holder, sweeper):
         await conn.close()
