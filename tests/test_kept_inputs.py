@@ -244,3 +244,51 @@ async def test_deletes_of_several_teams_take_their_counts_in_one_order(database_
     assert [(r["team"], r["bytes"]) for r in counts] == [("alpha", 0), ("beta", 0)]
     for conn in (setup, holder, sweeper):
         await conn.close()
+
+
+EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_an_interactive_request_keeps_its_small_input_with_its_task(
+        database_url: str, tmp_path: Path, kept: bool) -> None:
+    """The interactive lane (POST /v1/embeddings): a small request's records are kept with its task,
+    no input object; the executor's claim carries them inline and its output is the answer. With the
+    setting at 0, an input object as before."""
+    store = tmp_path / "store"
+    async with running_api(database_url, store, input_in_database_bytes=4096 if kept else 0) as api:
+        executor = await api.register("emb", kinds=["embedding"], models=[EMBEDDER])
+        asked = asyncio.create_task(api.call("POST", "/v1/embeddings",
+                                             json={"model": EMBEDDER, "input": ["one", "two"],
+                                                   "encoding_format": "float"}))
+        claim = await api.call("POST", f"/api/v1/executors/{executor}/claim?wait=10&max=1", token="executor")
+        assert claim.status == 200, claim.body
+        [lease] = claim.body["leases"]
+        ref = lease["subtask"]["input"]
+        records = [jsoncodec.loads(line) for line in ref["data"].splitlines()]
+        assert [r["text"] for r in records] == ["one", "two"]
+        assert (ref["url"] is None) is kept
+        assert (store / "inputs" / "openai").exists() is not kept
+        output = b"".join(jsoncodec.dumps_line({"id": r["id"], "embedding": [float(i), 0.5],
+                                                "usage": {"prompt_tokens": 1}}) for i, r in enumerate(records))
+        done = await api.call("POST", f"/api/v1/leases/{lease['lease']['token']}/complete", token="executor",
+                              json={"records": 2, "output": output.decode()})
+        assert done.status == 200, done.body
+        answer = await asyncio.wait_for(asked, 30)
+        assert answer.status == 200, answer.body
+        assert [d["embedding"] for d in answer.body["data"]] == [[0.0, 0.5], [1.0, 0.5]]
+    conn = await connect(database_url)
+    assert await conn.fetchval("SELECT count(*) FROM task_inputs") == (1 if kept else 0)
+    await conn.close()
+
+
+async def test_an_interactive_request_past_the_team_quota_is_refused_and_leaves_nothing(
+        database_url: str, tmp_path: Path) -> None:
+    async with running_api(database_url, tmp_path / "store", team_input_quota_bytes=20) as api:
+        await api.register("emb", kinds=["embedding"], models=[EMBEDDER])
+        refused = await api.call("POST", "/v1/embeddings", json={"model": EMBEDDER, "input": ["x" * 40]})
+        assert refused.status == 413 and "input quota" in str(refused.body), refused.body
+    conn = await connect(database_url)
+    assert await conn.fetchval("SELECT count(*) FROM tasks") == 0
+    assert await conn.fetchval("SELECT count(*) FROM task_inputs") == 0
+    await conn.close()
