@@ -86,7 +86,10 @@ SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHE
 SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
 
 -- name: lease_info
--- input_data: the range of a kept input (sql/240), for the complete's check.
+SELECT * FROM minion_lease_info($1);
+
+-- name: lease_to_complete
+-- As lease_info, with input_data: the range of a kept input (sql/240), for the complete's check.
 SELECT i.*, CASE WHEN i.input_uri IS NULL THEN minion_kept_input(i.task_id, i.byte_start, i.byte_end) END
        AS input_data
 FROM minion_lease_info($1) i;

@@ -61,8 +61,9 @@ class _Lease:
     cached: bool
 
 
-async def _lease(request: web.Request, principal: Principal, raw: str) -> _Lease:
-    """The lease `raw` names, held by one of the caller's executors (an admin may act on any)."""
+async def _lease(request: web.Request, principal: Principal, raw: str, *, to_complete: bool = False) -> _Lease:
+    """The lease `raw` names, held by one of the caller's executors (an admin may act on any).
+    `to_complete`: looked up with its kept input's range, which the complete's check reads."""
     try:
         token = uuid.UUID(raw)
     except ValueError:
@@ -70,7 +71,7 @@ async def _lease(request: web.Request, principal: Principal, raw: str) -> _Lease
     live = request.app[LEASES].get(token)
     cached = live is not None
     if live is None:
-        live = await request.app[POOL].fetchrow(Q.lease_info, token)
+        live = await request.app[POOL].fetchrow(Q.lease_to_complete if to_complete else Q.lease_info, token)
     if live is not None and principal.role != "admin" and live["owner"] != principal.token_id:
         raise forbidden("this lease is held by an executor of another token", "not_your_lease")
     return _Lease(raw, token, live, cached)
@@ -133,7 +134,7 @@ async def _input_of(request: web.Request, lease: _Lease) -> bytes | None:
     data = request.app[LEASES].input_of(lease.token)
     if data is not None or lease.live["input_uri"] is not None:
         return data
-    data = lease.live.get("input_data")  # minion_lease_info's row has it; a claim's facts do not
+    data = lease.live.get("input_data")  # lease_to_complete's row has it; a claim's facts do not
     if data is None:
         data = await request.app[POOL].fetchval(Q.kept_input, lease.live["task_id"], lease.live["byte_start"],
                                                 lease.live["byte_end"])
@@ -164,7 +165,7 @@ def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None, byte
 async def complete(request: web.Request) -> web.Response:
     principal = require(request, "executor")
     raw = request.match_info["token"]
-    lease = await _lease(request, principal, raw)  # 403/409 before the body is read, as always
+    lease = await _lease(request, principal, raw, to_complete=True)  # 403/409 before the body is read
     completion = decode_body(await json_object(request), protocol.Completion, _COMPLETION_RULES)
     done = await _prepare_complete(request, lease, completion)
     verdict = await request.app[POOL].fetchval(Q.complete, done.lease.token, done.records, done.seconds, *_copy(done))
@@ -180,7 +181,8 @@ async def complete_batch(request: web.Request) -> web.Response:
 
     async def prepare(item: protocol.LeaseCompletion) -> _Completing:
         async with gate:
-            return await _prepare_complete(request, await _lease(request, principal, item.token), item)
+            return await _prepare_complete(request, await _lease(request, principal, item.token, to_complete=True),
+                                           item)
 
     prepared = await _each(batch.leases, prepare)
     ready = _in_lock_order([p for p in prepared if isinstance(p, _Completing)])
