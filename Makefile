@@ -49,6 +49,7 @@ bench: install
 	$(PY) bench/embed_system.py --sentences 2000 --rounds 3
 	$(PY) bench/idle_pollers.py --executors 1000 --wait-s 5 --cycles 3
 	$(PY) bench/results.py --subtasks 10000 --records 20 --rounds 3
+	$(PY) bench/kept_input_slices.py --runs 5
 	# needs HAProxy (apt-get install haproxy, as .ci/run does)
 	$(PY) bench/fleet.py --executors 1000 3000
 
