@@ -8,9 +8,7 @@ not throughput), each one sentence, through aiohttp as a pipeline's HTTP client 
 latency (request sent to response read), the executor's compute (`seconds` the agent reported at
 complete, from subtask_attempts: its runner's time for the subtask, input fetch to output ready), and
 overhead = latency - compute: the task insert and split, the claim's wake-up, the store round trips,
-the complete, the NOTIFY back to the handler and the answer. Prints p50 and p99 of each. A request's
-records are kept with its task (sql/240) unless MINIONS_INPUT_IN_DATABASE_BYTES=0 (or they are larger):
-then an input object, written at the request and read at the claim.
+the complete, the NOTIFY back to the handler and the answer. Prints p50 and p99 of each.
 """
 
 from __future__ import annotations
@@ -75,8 +73,6 @@ async def main(args: argparse.Namespace) -> int:
             rows = await conn.fetch("""SELECT a.seconds FROM subtask_attempts a JOIN tasks t ON t.id = a.task_id
                                         WHERE t.project = 'interactive' AND a.outcome = 'done'
                                         ORDER BY t.id""")
-            kept = await conn.fetchval("""SELECT count(*) FROM task_inputs i JOIN tasks t ON t.id = i.task_id
-                                           WHERE t.project = 'interactive'""")
         finally:
             await conn.close()
     finally:
@@ -85,9 +81,7 @@ async def main(args: argparse.Namespace) -> int:
     compute = [float(r["seconds"]) for r in rows][args.warmup:]
     assert len(compute) == len(latencies), (len(compute), len(latencies))
     overhead = [lat - c for lat, c in zip(latencies, compute, strict=True)]
-    print(f"{args.requests} requests, one at a time, one sentence each ({os.cpu_count()} CPUs); inputs kept in "
-          f"the database: {kept} of {len(rows)} (MINIONS_INPUT_IN_DATABASE_BYTES="
-          f"{os.environ.get('MINIONS_INPUT_IN_DATABASE_BYTES', 'default')}), the others input objects")
+    print(f"{args.requests} requests, one at a time, one sentence each ({os.cpu_count()} CPUs)")
     for name, values in (("latency", latencies), ("executor compute", compute), ("overhead", overhead)):
         print(f"{name:17}: p50 {pct(values, 0.5) * 1000:6.1f} ms  p99 {pct(values, 0.99) * 1000:6.1f} ms  "
               f"mean {statistics.fmean(values) * 1000:6.1f} ms")

@@ -142,21 +142,6 @@ BEGIN
     RETURN 'ok';
 END $$;
 
--- Keeps task p_task's input bytes (its task row written in this transaction), counted against the
--- team's quota of stored input (p_quota, 0: none) like an object: past it, 'quota_exceeded'
--- (SQLSTATE 53400) and the caller's transaction, task included, is undone.
-CREATE FUNCTION minion_keep_input(p_task bigint, p_team text, p_data bytea, p_quota bigint)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF p_quota > 0 THEN
-        PERFORM minion_lock_team_inputs(p_team);
-        IF minion_team_input_bytes(p_team) + length(p_data) > p_quota THEN
-            RAISE EXCEPTION 'quota_exceeded' USING ERRCODE = 'configuration_limit_exceeded';
-        END IF;
-    END IF;
-    INSERT INTO task_inputs (task_id, team, data) VALUES (p_task, p_team, p_data);
-END $$;
-
 -- (Replaces 181's: p_input_data, the inline records themselves when they are kept here; p_input_uri
 -- is then NULL, and the task must be split now: p_input_data's ranges are given, and they end where
 -- its bytes do. The splitter never reads a kept input. p_input_quota: the team's quota of stored
@@ -199,22 +184,13 @@ BEGIN
     IF p_input_data IS NOT NULL THEN
         -- Last, so the team's count is held locked for as little as can be; after the task's insert,
         -- so a re-submission of an existing task is answered as one, quota or not.
-        PERFORM minion_keep_input(tid, p_team, p_input_data, p_input_quota);
+        IF p_input_quota > 0 THEN
+            PERFORM minion_lock_team_inputs(p_team);
+            IF minion_team_input_bytes(p_team) + length(p_input_data) > p_input_quota THEN
+                RAISE EXCEPTION 'quota_exceeded' USING ERRCODE = 'configuration_limit_exceeded';
+            END IF;
+        END IF;
+        INSERT INTO task_inputs (task_id, team, data) VALUES (tid, p_team, p_input_data);
     END IF;
     RETURN QUERY SELECT * FROM tasks WHERE id = tid;
-END $$;
-
--- The interactive lane's request (sql/141) with its records kept here, as above: its one subtask
--- covers them all. Same arguments as minion_openai_submit_interactive, the bytes for the URI.
-CREATE FUNCTION minion_openai_submit_interactive_kept(p_team text, p_project text, p_name text, p_kind text,
-    p_model text, p_params jsonb, p_max_attempts integer, p_input_data bytea, p_records integer,
-    p_created_by bigint, p_input_quota bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    tid bigint;
-BEGIN
-    tid := minion_openai_submit_interactive(p_team, p_project, p_name, p_kind, p_model, p_params, p_max_attempts,
-                                            NULL, length(p_input_data), p_records, p_created_by);
-    PERFORM minion_keep_input(tid, p_team, p_input_data, p_input_quota);
-    RETURN tid;
 END $$;

@@ -82,16 +82,11 @@ async def record_input(pool: asyncpg.Pool, settings: Settings, uri: str, team: s
                        token_id: int) -> None:
     """Record `team`'s ownership of a stored input; 413 quota_exceeded (nothing recorded) when it
     does not fit the team's quota any more (a concurrent upload took the room)."""
-    verdict = await pool.fetchval(Q.record_input, uri, team, size, token_id, settings.team_input_quota_bytes)
+    quota = settings.team_input_quota_bytes
+    verdict = await pool.fetchval(Q.record_input, uri, team, size, token_id, quota)
     if verdict != "ok":
-        raise await over_quota(pool, settings, team)
-
-
-async def over_quota(pool: asyncpg.Pool, settings: Settings, team: str | None) -> TooLarge:
-    """413 quota_exceeded for an input that did not fit `team`'s quota (a recording refused, or
-    SQLSTATE 53400 from a kept input: sql/240), with what the team stores now."""
-    used = int(await pool.fetchval(Q.team_input_bytes, team))
-    return quota_exceeded(team, used, settings.team_input_quota_bytes)
+        used = int(await pool.fetchval(Q.team_input_bytes, team))
+        raise quota_exceeded(team, used, quota)
 
 
 async def may_use(pool: asyncpg.Pool, principal: Principal, team: str, uri: str) -> bool:

@@ -80,9 +80,5 @@ SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.
 -- name: submit_interactive
 SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
--- name: submit_interactive_kept
--- The same with the request's records kept in the database ($8: their bytes; $11: the team's quota).
-SELECT minion_openai_submit_interactive_kept($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
-
 -- name: cancel_task
 SELECT minion_cancel_task($1);

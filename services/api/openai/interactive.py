@@ -12,14 +12,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api import inputs
-from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, STORE
 from minions.services.api.auth import require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, invalid
@@ -93,22 +91,11 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
         raise _unavailable("this API process is reconnecting to the database; retry shortly")
 
     name = new_id("req_")
-    team = principal.team or DEFAULT_TEAM
     data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)
-    settings = request.app[SETTINGS]
-    if len(data) <= settings.input_in_database_bytes:
-        # Kept with the task (sql/240): one commit, and no object to write now or read at the claim.
-        try:
-            task_id = await pool.fetchval(Q.submit_interactive_kept, team, PROJECT, name, kind, parsed.model,
-                                          parsed.params, cluster.max_attempts, data, len(parsed.records),
-                                          principal.token_id, settings.team_input_quota_bytes)
-        except asyncpg.ConfigurationLimitExceededError:  # past the team's input quota: nothing committed
-            raise await inputs.over_quota(pool, settings, team) from None
-    else:
-        input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
-        task_id = await pool.fetchval(Q.submit_interactive, team, PROJECT, name, kind, parsed.model, parsed.params,
-                                      cluster.max_attempts, input_uri, len(data), len(parsed.records),
-                                      principal.token_id)
+    input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
+    task_id = await pool.fetchval(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
+                                  parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
+                                  len(parsed.records), principal.token_id)
     task = await _ended(request, ends, task_id)
     results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))
                if line.strip()]

@@ -102,15 +102,15 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     # the database (sql/181_submit_task.sql, sql/240_inputs_in_database.sql).
     split = (ranges.byte_starts, ranges.byte_ends, ranges.first_records, ranges.records, ranges.kept) \
         if ranges is not None else (None,) * 5
-    settings = request.app[SETTINGS]
+    quota = request.app[SETTINGS].team_input_quota_bytes
     try:
         row = await pool.fetchrow(
             Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
-            task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split,
-            settings.team_input_quota_bytes,
+            task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split, quota,
         )
     except asyncpg.ConfigurationLimitExceededError:  # a kept input past the team's quota: nothing committed
-        raise await inputs.over_quota(pool, settings, task.team) from None
+        raise inputs.quota_exceeded(task.team, int(await pool.fetchval(Q.team_input_bytes, task.team)),
+                                    quota) from None
     if row is None:  # the name is taken (or was, in a race): answered like a re-submission
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
         if input_uri is not None and task.records is not None and existing["request_hash"] != task.request_hash:
