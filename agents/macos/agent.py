@@ -387,16 +387,16 @@ class Agent:
         its own request would (Conflict, Rejected, AuthError). Cancelled before it was sent, it is
         never sent (the job hands the lease back or drops it, as before). A server before the
         batched protocol (max_claim 1) gets each complete as its own request, at once."""
-        if self.registration.max_claim <= 1:
-            await self._client.complete(token, records, seconds, output)
-            return
-        commit = _Commit(token, records, seconds, output, asyncio.get_running_loop().create_future())
-        self._commits.append(commit)
         self._in_commit.add(token)
-        self._commit_added.set()
-        if self._committing is None or self._committing.done():
-            self._committing = asyncio.create_task(self._send_commits(), name="complete")
         try:
+            if self.registration.max_claim <= 1:
+                await self._client.complete(token, records, seconds, output)
+                return
+            commit = _Commit(token, records, seconds, output, asyncio.get_running_loop().create_future())
+            self._commits.append(commit)
+            self._commit_added.set()
+            if self._committing is None or self._committing.done():
+                self._committing = asyncio.create_task(self._send_commits(), name="complete")
             refused = await commit.outcome
         finally:
             self._in_commit.discard(token)
@@ -495,8 +495,9 @@ class Agent:
                 job = self._jobs.get(token)
                 # A lease whose complete is in flight is left to that complete's answer: the server
                 # answers "lost" for a lease it has just committed (it is no longer leased), and
-                # aborting then would drop a subtask that is done.
-                if job is not None and state != "ok" and token not in self._in_commit:
+                # aborting then would drop a subtask that is done. (A job that has ended is only
+                # waiting to leave _jobs.)
+                if job is not None and not job.task.done() and state != "ok" and token not in self._in_commit:
                     log.info("lease_gone", subtask=job.claim.subtask.label, state=state)
                     job.abort(state)
 

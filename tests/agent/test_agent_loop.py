@@ -403,11 +403,16 @@ class _SlowAnswers(ExecutorClient):
         return outcomes
 
 
-async def test_a_heartbeat_while_the_complete_is_answered_keeps_the_subtask_done(w: World) -> None:
+@pytest.mark.parametrize("max_claim", [1, 32])
+async def test_a_heartbeat_while_the_complete_is_answered_keeps_the_subtask_done(
+        database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, max_claim: int) -> None:
     """The server commits a complete, then a heartbeat names its lease before the answer is back:
     the heartbeat answers "lost" (the lease is no longer leased), and the agent waits for the
-    complete's own answer rather than drop a subtask that is done."""
-    async with running_agent(w, client_type=_SlowAnswers) as h:
+    complete's own answer rather than drop a subtask that is done. Both ways of completing: each
+    its own request (a server of max_claim 1), and through the batching queue."""
+    async with world(database_url, tmp_path, caplog, max_claim=max_claim) as w, \
+            running_agent(w, client_type=_SlowAnswers) as h:
+        assert h.agent.registration.max_claim == max_claim
         assert h.agent.registration.heartbeat_interval_s * 3 < _SlowAnswers.delay_s
         task_id = await w.submit("slow-answer", "sleep", [{"id": 1, "ms": 0}])
         await eventually(lambda: w.status_is("slow-answer", "completed"), "the task to complete")
@@ -420,9 +425,9 @@ async def test_a_heartbeat_while_the_complete_is_answered_keeps_the_subtask_done
         after = await beats()
         await eventually(lambda: _now(h.agent.completed == 1 or None), "the agent to count the commit")
         assert await beats() > after  # heartbeats went out while the answer was on its way
-        assert token not in h.agent.held_leases()
+        await eventually(lambda: _now(token not in h.agent.held_leases() or None), "the job to leave")
         assert "lease_gone" not in w.caplog.text
-    assert [a["outcome"] for a in await w.attempts(task_id)] == ["done"]
+        assert [a["outcome"] for a in await w.attempts(task_id)] == ["done"]
 
 
 @pytest.mark.parametrize("state", ["cancelled", "lost"])
