@@ -290,27 +290,39 @@ async def pgq_start_latency(url: str, n: int) -> list[float]:
     return samples
 
 
-async def http_submit_latency(url: str, n: int, args: argparse.Namespace, **env: str) -> list[float]:
+async def http_submit_latency(url: str, n: int, args: argparse.Namespace, arm: str = "submit-http",
+                              **env: str) -> list[float]:
     """Through the API: `POST /api/v1/tasks` of a one-record inline task (split in its transaction, its
     record kept in the database unless `env` says otherwise), until an executor long-polling
     `claim?max=10` (waiting before the submit, woken by the NOTIFY as every waiting claim is) has its
     lease in hand, inline input included."""
-    samples = []
+    samples, answered, leased = [], [], []
     async with running_services(url, args, **env) as (services, admin_token, executor_token), \
             MinionsClient(services.api_url, admin_token) as submitter, \
             ExecutorClient(services.api_url, executor_token) as executor:
         executor_id = (await executor.register({"name": "latency", "hardware": {"os": "bench", "device": "cpu"},
                                                  "kinds": ["sleep"]})).executor_id
+
+        async def claim() -> tuple[list[protocol.Lease], float]:
+            claims = await executor.claim_batch(executor_id, 5, 10)
+            return claims, time.perf_counter()
+
         for i in range(n):
-            claiming = asyncio.create_task(executor.claim_batch(executor_id, 5, 10))
+            claiming = asyncio.create_task(claim())
             await asyncio.sleep(0.02)  # waiting in its long poll
             start = time.perf_counter()
             await submitter.submit({"team": TEAM, "project": PROJECT, "name": f"lat-{i}", "kind": "sleep",
                                     "input": {"records": [{"id": "r0", "ms": 0}]}, "subtask_size": 1})
-            claims = await claiming
+            answered.append(time.perf_counter() - start)
+            claims, in_hand = await claiming
             samples.append(time.perf_counter() - start)
+            leased.append(in_hand - start)
             assert len(claims) == 1 and claims[0].subtask.input.data is not None, claims
             await executor.complete(claims[0].token, 1, 0.0, output=b'{"id": "r0", "slept_ms": 0}\n')
+    # Where the time goes: the submit's own answer, and the lease (which comes after it nearly always).
+    first = sum(1 for a, b in zip(leased, answered, strict=True) if a < b)
+    print(f"  {arm}: POST answered p50 {_p50_p99(answered)[0]:.2f} ms, lease in "
+          f"hand p50 {_p50_p99(leased)[0]:.2f} ms; the lease before the POST's answer in {first} of {n}", flush=True)
     return samples
 
 
@@ -319,7 +331,8 @@ async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace
     arms: tuple[tuple[str, Callable[[str, int], Awaitable[list[float]]]], ...] = (
         ("submit-sql", sql_submit_latency), ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
         # The input as an object (sql/240's setting at 0): the path before small inputs were kept.
-        ("submit-http-object", lambda url, n: http_submit_latency(url, n, args, MINIONS_INPUT_IN_DATABASE_BYTES="0")),
+        ("submit-http-object", lambda url, n: http_submit_latency(url, n, args, "submit-http-object",
+                                                                           MINIONS_INPUT_IN_DATABASE_BYTES="0")),
         ("pgq-enqueue", pgq_start_latency))
     for arm, measure in arms:
         if arm.startswith("pgq"):
