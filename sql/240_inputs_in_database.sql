@@ -142,55 +142,42 @@ BEGIN
     RETURN 'ok';
 END $$;
 
--- (Replaces 181's: p_input_data, the inline records themselves when they are kept here; p_input_uri
--- is then NULL, and the task must be split now: p_input_data's ranges are given, and they end where
--- its bytes do. The splitter never reads a kept input. p_input_quota: the team's quota of stored
--- input bytes (MINIONS_TEAM_INPUT_QUOTA_BYTES, 0: none), which kept inputs count against like
--- objects: a kept input past it raises 'quota_exceeded' (SQLSTATE 53400), and nothing is committed.)
-DROP FUNCTION minion_submit_task(text, text, text, text, text, jsonb, integer, integer, integer, text, text,
-                                 bigint, bigint[], bigint[], bigint[], integer[]);
+-- 181's minion_submit_task, with two arguments more (an overload: 181's own, of 16 arguments,
+-- stays as it was). p_input_data: the inline records themselves when they are kept here;
+-- p_input_uri is then NULL, and the task must be split now: p_input_data's ranges are given, and
+-- they end where its bytes do. The splitter never reads a kept input. p_input_quota: the team's
+-- quota of stored input bytes (MINIONS_TEAM_INPUT_QUOTA_BYTES, 0: none), which kept inputs count
+-- against like objects: a kept input past it raises 'quota_exceeded' (SQLSTATE 53400), and nothing
+-- is committed.
 CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
     p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
-    p_request_hash text, p_created_by bigint,
-    p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
-    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL,
-    p_input_data bytea DEFAULT NULL, p_input_quota bigint DEFAULT 0)
+    p_request_hash text, p_created_by bigint, p_byte_starts bigint[], p_byte_ends bigint[],
+    p_first_records bigint[], p_records integer[], p_input_data bytea, p_input_quota bigint DEFAULT 0)
 RETURNS SETOF tasks LANGUAGE plpgsql AS $$
 DECLARE
-    tid bigint;
-    split_now boolean := p_byte_starts IS NOT NULL AND cardinality(p_byte_starts) > 0;
+    t tasks%ROWTYPE;
 BEGIN
-    IF p_input_data IS NOT NULL AND NOT (split_now AND p_input_uri IS NULL
-                                         AND p_byte_ends[cardinality(p_byte_ends)] = length(p_input_data)) THEN
+    IF p_input_data IS NOT NULL AND NOT coalesce(p_input_uri IS NULL AND cardinality(p_byte_ends) > 0
+                                                 AND p_byte_ends[cardinality(p_byte_ends)] = length(p_input_data),
+                                                 false) THEN
         RAISE EXCEPTION 'a kept input needs no input_uri and the subtasks of all its bytes'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by)
-    VALUES (p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
-            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by)
-    ON CONFLICT (team, project, name) DO NOTHING
-    RETURNING id INTO tid;
-    IF tid IS NULL THEN
-        RETURN;
-    END IF;
-    IF split_now THEN
-        PERFORM minion_begin_split(tid);
-        PERFORM minion_add_subtasks(tid, p_byte_starts, p_byte_ends, p_first_records, p_records, 0,
-                                    p_byte_ends[cardinality(p_byte_ends)],
-                                    (SELECT sum(r) FROM unnest(p_records) AS r));
-        PERFORM minion_finish_split(tid);
+    SELECT * INTO t FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority,
+                                            p_subtask_size, p_max_attempts, p_input_uri, p_request_hash,
+                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records);
+    IF NOT FOUND THEN
+        RETURN;  -- the name is taken: answered as a re-submission, quota or not
     END IF;
     IF p_input_data IS NOT NULL THEN
-        -- Last, so the team's count is held locked for as little as can be; after the task's insert,
-        -- so a re-submission of an existing task is answered as one, quota or not.
+        -- Last, so the team's count is held locked for as little as can be.
         IF p_input_quota > 0 THEN
             PERFORM minion_lock_team_inputs(p_team);
             IF minion_team_input_bytes(p_team) + length(p_input_data) > p_input_quota THEN
                 RAISE EXCEPTION 'quota_exceeded' USING ERRCODE = 'configuration_limit_exceeded';
             END IF;
         END IF;
-        INSERT INTO task_inputs (task_id, team, data) VALUES (tid, p_team, p_input_data);
+        INSERT INTO task_inputs (task_id, team, data) VALUES (t.id, p_team, p_input_data);
     END IF;
-    RETURN QUERY SELECT * FROM tasks WHERE id = tid;
+    RETURN NEXT t;
 END $$;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import web
 
@@ -178,8 +178,10 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
         if _hung_up(request):
             raise ConnectionResetError
         inputs = await _inline_inputs(request.app[STORE], rows, request.app[SETTINGS].inline_input_bytes)
-        inputs = [data if data is not None or row["input_uri"] is not None else await _kept_input(pool, row)
-                  for row, data in zip(rows, inputs, strict=True)]
+        if any(row["input_uri"] is None and data is None for row, data in zip(rows, inputs, strict=True)):
+            # The claim's statement read every kept range (minion_kept_input sees what the claim saw):
+            # none means the task was deleted meanwhile, as when a store read fails.
+            raise StoreError("the kept input of a task claimed is gone")
         leases = await asyncio.gather(*(_lease(request, row, data) for row, data in zip(rows, inputs, strict=True)))
     except (StoreError, ConnectionResetError):
         # The claim committed but the executor cannot be told: hand it back now rather than leave
@@ -243,15 +245,6 @@ async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> lis
 
     await asyncio.gather(*(read(uri, members) for uri, members in small.items()))
     return found
-
-
-async def _kept_input(pool: Any, row: Any) -> bytes:
-    """A kept input's range the claim's statement did not return, read again; StoreError when the
-    task is gone meanwhile (the claim is then handed back, as when a store read fails)."""
-    data = await pool.fetchval(Q.kept_input, row["task_id"], row["byte_start"], row["byte_end"])
-    if data is None:
-        raise StoreError(f"the kept input of task {row['task_id']} is gone")
-    return cast(bytes, data)
 
 
 def _as_text(data: bytes | None) -> str | None:
