@@ -67,3 +67,30 @@ async def test_a_task_with_work_left_is_never_settled_by_the_sweep(database_url:
     await _settle_sweep(conn)
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"
     await conn.close()
+
+
+async def test_a_close_reads_the_queue_from_its_tail_not_past_the_subtasks_already_claimed(database_url: str) -> None:
+    """Every close asks whether its task still has a pending subtask (sql/260). Read from the head of
+    the task's queue, that probe walked one dead index entry per subtask claimed since the last vacuum;
+    from the tail it finds a live one at once. Counted in index pages this transaction read."""
+    conn, ex, task_id = await _one_executor(database_url, 3010)
+    await conn.execute("ALTER TABLE subtasks SET (autovacuum_enabled = false)")  # the dead entries stay
+    token_id = await conn.fetchval("SELECT token_id FROM executors WHERE id = $1", ex)
+    leases = await conn.fetch("SELECT lease_token, records FROM minion_claim_batch($1, $2, 3000)", ex, token_id)
+    assert len(leases) == 3000
+    verdicts = await conn.fetch(
+        "SELECT minion_complete(l.tok, l.n, 0.1) AS v FROM unnest($1::uuid[], $2::int[]) AS l(tok, n)",
+        [r["lease_token"] for r in leases], [r["records"] for r in leases])
+    assert {r["v"] for r in verdicts} == {"ok"}
+    lease = await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)
+
+    pages = "SELECT pg_stat_get_xact_blocks_fetched('subtasks_pending_queue'::regclass)"
+    async with conn.transaction():
+        before = await conn.fetchval(pages)
+        verdict = await conn.fetchval("SELECT minion_complete($1, $2, 0.1)", lease["lease_token"], lease["records"])
+        read = await conn.fetchval(pages) - before
+    assert verdict == "ok"
+    # The root and one leaf; from the head, the ~3,000 dead entries alone fill more than ten leaves.
+    assert read <= 3, read
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"  # 9 still pending
+    await conn.close()
