@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 import aiohttp  # noqa: E402
 import asyncpg  # noqa: E402
 
+from bench import statements  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -119,14 +120,7 @@ class Meter:
 async def _start_server(root: Path) -> tuple[EmbeddedPostgres, str]:
     server = EmbeddedPostgres(root / "pgdata")
     server.start()
-    conn = await asyncpg.connect(server.url)
-    try:
-        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-        await conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'top'")
-    finally:
-        await conn.close()
-    server.stop()
-    server.start()
+    await statements.enable(server, track="top")
     conn = await asyncpg.connect(server.url)
     try:
         await conn.execute("CREATE DATABASE costs")

@@ -61,6 +61,10 @@ drain arms, each on a fresh database; the table gives the median.
 The HTTP arms and the makespan also print the CPU time per subtask each process spent over the
 measurement (the API with its workers, PostgreSQL with its backends, splitter and watchdog, this
 process, the agent; from /proc): on a small machine the protocol's CPU, not waiting, sets the pace.
+
+`--statements N`: after each drain arm's run, its N costliest statements per subtask, those run
+inside functions included, with their planning and buffers (pg_stat_statements, bench/statements.py).
+It slows every arm down: a run with it shows where the time goes, not the table's figures.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench import statements  # noqa: E402
 from bench.claim import admin  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
 from minions import jsoncodec, protocol  # noqa: E402
@@ -614,12 +619,17 @@ async def run_all(server: EmbeddedPostgres, args: argparse.Namespace) -> dict[st
             runner = runners[arm]
             assert not isinstance(runner, str)
             name, url = await scratch(server)
+            if args.statements:
+                await statements.reset(server)
             try:
                 rate = await runner(url)
             finally:
                 await admin(server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             rates[arm].append(rate)
             print(f"run {run + 1} {arm:20s} {rate:9.0f} /s", flush=True)
+            if args.statements:
+                print(await statements.report(server, f"run {run + 1} {arm}", args.subtasks, args.statements),
+                      flush=True)
     return rates
 
 
@@ -654,6 +664,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--makespan", type=int, default=2000,
                    help="one agent process drains this many one-record sleep subtasks (0: skip)")
     p.add_argument("--makespan-ms", type=int, default=5, help="each makespan subtask sleeps this long")
+    p.add_argument("--statements", type=int, default=0, metavar="N",
+                   help="after each drain arm's run, its N costliest statements per subtask, from "
+                        "pg_stat_statements (bench/statements.py; slows every arm down: not for the table)")
     args = p.parse_args(argv)
     unknown = set(args.arms) - set(ALL_ARMS)
     if unknown:
@@ -668,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.clients} clients, {args.runs} runs per arm alternating, "
               f"{'fsync=off' if args.fsync_off else 'fsync on'}")
         args.workdir = str(root)
+        if args.statements:
+            asyncio.run(statements.enable(server))
         rates = asyncio.run(run_all(server, args))
         print()
         print(table(rates))
