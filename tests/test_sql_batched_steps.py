@@ -133,3 +133,26 @@ async def test_a_batch_of_a_many_capability_executor_hides_at_most_one_row_of_ea
     tokens = await conn.fetchval("SELECT minion_claim_some_in($1, '{sleep:*,sleep:*}', NULL, NULL, NULL, 5, 0)", ex)
     assert len(set(tokens)) == len(tokens) == 5
     await conn.close()
+
+
+async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_project(database_url: str) -> None:
+    """The claim runs on generic plans (sql/250): the task preferred by name is found by its name,
+    not by reading every task of its project and filtering."""
+    conn, token_id = await _setup(database_url)
+    await conn.execute(
+        """INSERT INTO tasks (team, project, name, kind, model, priority, subtask_size, max_attempts, input_uri,
+                              request_hash)
+           SELECT 'search', 'ranker', 'old-' || i, 'sleep', 'sleep', 0, 1, 3, 'file:///nowhere.jsonl', 'h'
+             FROM generate_series(1, 2000) AS i""")
+    wanted = await make_task(conn, team="search", project="ranker", name="wanted", subtasks=2)
+    ex = await make_executor(conn, token_id, preferences=[{"team": "search", "project": "ranker",
+                                                           "task_name": "wanted"}])
+    await conn.execute("ANALYZE tasks")
+    read = "SELECT pg_stat_get_xact_blocks_fetched('tasks'::regclass)"
+    async with conn.transaction():
+        before = await conn.fetchval(read)
+        won = await _claim(conn, ex, token_id, 1)
+        pages = await conn.fetchval(read) - before
+    assert [r["task_id"] for r in won] == [wanted]
+    assert pages <= 10, pages  # with one `IS NULL OR` statement, the whole project: 54 pages
+    await conn.close()
