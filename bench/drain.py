@@ -64,7 +64,8 @@ process, the agent; from /proc): on a small machine the protocol's CPU, not wait
 
 `--statements N`: after each drain arm's run, its N costliest statements per subtask, those run
 inside functions included, with their planning and buffers (pg_stat_statements, bench/statements.py).
-It slows every arm down: a run with it shows where the time goes, not the table's figures.
+It slows every arm down: a run with it shows where the time goes, not the table's figures, and it
+skips the makespan and the latency.
 """
 
 from __future__ import annotations
@@ -666,7 +667,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--makespan-ms", type=int, default=5, help="each makespan subtask sleeps this long")
     p.add_argument("--statements", type=int, default=0, metavar="N",
                    help="after each drain arm's run, its N costliest statements per subtask, from "
-                        "pg_stat_statements (bench/statements.py; slows every arm down: not for the table)")
+                        "pg_stat_statements (bench/statements.py; slows every arm down: not for the table; "
+                        "skips the makespan and the latency)")
     args = p.parse_args(argv)
     unknown = set(args.arms) - set(ALL_ARMS)
     if unknown:
@@ -683,6 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         args.workdir = str(root)
         if args.statements:
             asyncio.run(statements.enable(server))
+            if args.makespan or args.latency:
+                print("# --statements: makespan and latency skipped (the counting would slow them too)")
+                args.makespan = args.latency = 0
         rates = asyncio.run(run_all(server, args))
         print()
         print(table(rates))

@@ -16,7 +16,13 @@
 -- queue that grows from a handful of rows gets index plans once autovacuum analyzes it. One statement
 -- needed rewriting for it: a claim by preference for a project or a task found the task's rows
 -- through `p_task_name IS NULL OR name = p_task_name`, which a generic plan cannot resolve to the
--- task's name (below).
+-- task's name (below). A generic plan made while the tables are nearly empty (a fresh database) keeps
+-- its shape until their statistics change: the lookup of the leases won may then combine the
+-- lease-token index with the leased subtasks' index, reading every lease in flight, until autovacuum
+-- analyzes subtasks.
+--
+-- A CREATE OR REPLACE of minion_claim_batch drops this setting: a restatement must carry
+-- `SET plan_cache_mode = force_generic_plan` itself (tests/test_sql_batched_steps.py checks it).
 ALTER FUNCTION minion_claim_batch(uuid, bigint, integer, double precision) SET plan_cache_mode = force_generic_plan;
 
 -- (Replaces 220's: the project-or-task lookup is two gated branches; nothing else changes.)

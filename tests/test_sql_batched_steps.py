@@ -156,3 +156,13 @@ async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_p
     assert [r["task_id"] for r in won] == [wanted]
     assert pages <= 10, pages  # with one `IS NULL OR` statement, the whole project: 54 pages
     await conn.close()
+
+
+async def test_the_claim_carries_its_generic_plan_setting(database_url: str) -> None:
+    """sql/250's setting rides on the function: a later CREATE OR REPLACE of minion_claim_batch that
+    forgot it would silently bring back a planning of every claim."""
+    conn = await connect(database_url)
+    config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regprocedure",
+                                 "minion_claim_batch(uuid, bigint, integer, double precision)")
+    assert config == ["plan_cache_mode=force_generic_plan"]
+    await conn.close()

@@ -91,6 +91,6 @@ async def test_a_close_reads_the_queue_from_its_tail_not_past_the_subtasks_alrea
         read = await conn.fetchval(pages) - before
     assert verdict == "ok"
     # The root and one leaf; from the head, the ~3,000 dead entries alone fill more than ten leaves.
-    assert read <= 3, read
+    assert 1 <= read <= 3, read  # the probe still reads the queue index, only not past the dead head
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"  # 9 still pending
     await conn.close()
