@@ -166,3 +166,28 @@ async def test_the_claim_carries_its_generic_plan_setting(database_url: str) -> 
                                  "minion_claim_batch(uuid, bigint, integer, double precision)")
     assert config == ["plan_cache_mode=force_generic_plan"]
     await conn.close()
+
+
+async def test_a_claim_preferring_a_project_reads_its_open_tasks_not_its_history(database_url: str) -> None:
+    """A project's finished tasks stay until retention removes them (30 days by default): a claim
+    preferring the project looks up its open tasks only (sql/270)."""
+    conn, token_id = await _setup(database_url)
+    await conn.execute(
+        """INSERT INTO tasks (team, project, name, kind, model, priority, subtask_size, max_attempts, input_uri,
+                              request_hash, split_done, status, finished_at)
+           SELECT 'search', 'ranker', 'done-' || i, 'sleep', 'sleep', 0, 1, 3, 'file:///nowhere.jsonl', 'h',
+                  true, 'completed', now()
+             FROM generate_series(1, 5000) AS i""")
+    open_task = await make_task(conn, team="search", project="ranker", subtasks=2)
+    ex = await make_executor(conn, token_id, preferences=[{"team": "search", "project": "ranker"}])
+    await conn.execute("ANALYZE tasks")
+    read = "SELECT pg_stat_get_xact_blocks_fetched('tasks'::regclass)"
+    async with conn.transaction():
+        before = await conn.fetchval(read)
+        won = await _claim(conn, ex, token_id, 1)
+        pages = await conn.fetchval(read) - before
+    assert [r["task_id"] for r in won] == [open_task]
+    # The rest of the claim reads a dozen pages of tasks, whatever the project's history (12-19 pages
+    # with 200 to 8,000 finished tasks); reading the history read them all (5,000 rows here).
+    assert pages <= 30, pages
+    await conn.close()
