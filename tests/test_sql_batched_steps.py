@@ -135,6 +135,17 @@ async def test_a_batch_of_a_many_capability_executor_hides_at_most_one_row_of_ea
     await conn.close()
 
 
+async def _claim_reading_tasks(conn: asyncpg.Connection, ex: uuid.UUID,
+                               token_id: int) -> tuple[list[asyncpg.Record], int]:
+    """A claim of one, and the pages of the tasks table it read (this transaction's counter)."""
+    await conn.execute("ANALYZE tasks")
+    read = "SELECT pg_stat_get_xact_blocks_fetched('tasks'::regclass)"
+    async with conn.transaction():
+        before = await conn.fetchval(read)
+        won = await _claim(conn, ex, token_id, 1)
+        return won, await conn.fetchval(read) - before
+
+
 async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_project(database_url: str) -> None:
     """The claim runs on generic plans (sql/250): the task preferred by name is found by its name,
     not by reading every task of its project and filtering."""
@@ -147,12 +158,7 @@ async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_p
     wanted = await make_task(conn, team="search", project="ranker", name="wanted", subtasks=2)
     ex = await make_executor(conn, token_id, preferences=[{"team": "search", "project": "ranker",
                                                            "task_name": "wanted"}])
-    await conn.execute("ANALYZE tasks")
-    read = "SELECT pg_stat_get_xact_blocks_fetched('tasks'::regclass)"
-    async with conn.transaction():
-        before = await conn.fetchval(read)
-        won = await _claim(conn, ex, token_id, 1)
-        pages = await conn.fetchval(read) - before
+    won, pages = await _claim_reading_tasks(conn, ex, token_id)
     assert [r["task_id"] for r in won] == [wanted]
     assert pages <= 10, pages  # with one `IS NULL OR` statement, the whole project: 54 pages
     await conn.close()
@@ -180,12 +186,7 @@ async def test_a_claim_preferring_a_project_reads_its_open_tasks_not_its_history
              FROM generate_series(1, 5000) AS i""")
     open_task = await make_task(conn, team="search", project="ranker", subtasks=2)
     ex = await make_executor(conn, token_id, preferences=[{"team": "search", "project": "ranker"}])
-    await conn.execute("ANALYZE tasks")
-    read = "SELECT pg_stat_get_xact_blocks_fetched('tasks'::regclass)"
-    async with conn.transaction():
-        before = await conn.fetchval(read)
-        won = await _claim(conn, ex, token_id, 1)
-        pages = await conn.fetchval(read) - before
+    won, pages = await _claim_reading_tasks(conn, ex, token_id)
     assert [r["task_id"] for r in won] == [open_task]
     # The rest of the claim reads a dozen pages of tasks, whatever the project's history (12-19 pages
     # with 200 to 8,000 finished tasks); reading the history read them all (5,000 rows here).
