@@ -4,6 +4,7 @@ cancelling, streaming large inputs, and the service as a real process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -21,9 +22,12 @@ import pytest
 
 from minions.db.connect import connect
 from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Lines, Subtask
+from minions.services.splitter.listener import Wakeup
 from minions.services.splitter.split import split_task
 from minions.services.splitter.worker import RetryBook, Worker, lost_connection
 from minions.store.local import LocalStore
+from minions.testing.factories import make_executor, make_token
+from tests.support.settling import task_left_to_the_splitter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -440,7 +444,7 @@ async def test_worker_skips_a_task_another_splitter_holds(conn: asyncpg.Connecti
                                                           database_url: str) -> None:
     task_id = await insert_task(conn, await put(store, embedding_input(4)), subtask_size=2)
     holder = await connect(database_url)
-    worker = Worker("t", database_url, store, asyncio.Event(), RetryBook(1.0), sweep_interval_s=1.0)
+    worker = Worker("t", database_url, store, Wakeup(), RetryBook(1.0), sweep_interval_s=1.0)
     try:
         assert await holder.fetchval("SELECT pg_try_advisory_lock($1::bigint)", task_id)
         await worker._sweep(conn)
@@ -452,6 +456,30 @@ async def test_worker_skips_a_task_another_splitter_holds(conn: asyncpg.Connecti
         assert await holder.fetchval("SELECT pg_try_advisory_lock($1::bigint)", task_id)
     finally:
         await holder.close()
+
+
+async def test_a_worker_settles_the_tasks_named_and_sweeps_the_rest_only_when_asked(
+        conn: asyncpg.Connection, store: LocalStore, database_url: str) -> None:
+    """A notification costs a look at the task it names, not a sweep of every open task (sql/280)."""
+    _, token_id = await make_token(conn, "executor")
+    executor = await make_executor(conn, token_id)
+    wakeup = Wakeup()
+    worker = Worker("t", database_url, store, wakeup, RetryBook(3600.0), sweep_interval_s=3600.0)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(0.5)  # its first sweep, of nothing
+        # Both may have ended, their closes could not tell; the earlier one comes first in a sweep.
+        unnamed = await task_left_to_the_splitter(conn, executor)
+        named = await task_left_to_the_splitter(conn, executor)
+        wakeup.notified(str(named))
+        await wait_for_status(conn, named, "completed", within_s=10)
+        assert (await task_row(conn, unnamed))["status"] == "running"
+        wakeup.caught_up()  # what a reconnected LISTEN asks: every open task looked at
+        await wait_for_status(conn, unnamed, "completed", within_s=10)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
 
 # --- the service as a process --------------------------------------------------------------------

@@ -10,6 +10,7 @@ import asyncpg
 
 from minions.db.connect import connect, create_pool
 from minions.testing.factories import make_executor, make_task, make_token
+from tests.support.settling import task_left_to_the_splitter
 
 ENDINGS = "SELECT count(*) FROM tasks WHERE id = $1 AND status = 'completed' AND finished_at IS NOT NULL"
 
@@ -66,6 +67,21 @@ async def test_a_task_with_work_left_is_never_settled_by_the_sweep(database_url:
     await conn.fetchrow("SELECT * FROM minion_claim($1, 60)", ex)  # leased, running long
     await _settle_sweep(conn)
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"
+    await conn.close()
+
+
+async def test_the_candidates_among_named_tasks_are_those_that_may_have_ended(database_url: str) -> None:
+    conn = await connect(database_url)
+    ex = await make_executor(conn, (await make_token(conn, "executor"))[1])
+    ended = await task_left_to_the_splitter(conn, ex)
+    other = await task_left_to_the_splitter(conn, ex)
+    busy = await make_task(conn, subtasks=2)  # subtasks pending: not a candidate
+    named = [busy, ended, 10**12]  # and one that does not exist
+    assert [r["id"] for r in await conn.fetch("SELECT minion_settle_candidates_among($1) AS id", named)] == [ended]
+    # The sweep sees both that may have ended, named or not; the named one settles like any.
+    assert [r["id"] for r in await conn.fetch("SELECT minion_settle_candidates(100) AS id")] == [ended, other]
+    assert await conn.fetchval("SELECT minion_settle_waiting($1)", ended)
+    assert await conn.fetchval("SELECT minion_settle_candidates_among($1)", [ended]) is None
     await conn.close()
 
 

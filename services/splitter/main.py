@@ -81,7 +81,7 @@ async def serve(settings: Settings, workers: int) -> int:
     retries = RetryBook(settings.sweep_interval_s)
     parts = [
         task_listener(settings.database_url, wakeup, probe_interval_s=settings.listen_probe_s).run(),
-        *(Worker(f"w{i}", settings.database_url, store, wakeup.subscribe(), retries,
+        *(Worker(f"w{i}", settings.database_url, store, wakeup, retries,
                  sweep_interval_s=settings.sweep_interval_s).run() for i in range(workers)),
     ]
     tasks = [asyncio.create_task(part) for part in parts]

@@ -1,6 +1,8 @@
 """A split worker: on every wake-up and every sweep interval, find unsplit tasks, take each one's
 advisory lock and split it. Several workers (in this process or in other splitters) share the work
-through those locks; a worker that loses its connection backs off, reconnects and sweeps again."""
+through those locks; a worker that loses its connection backs off, reconnects and sweeps again.
+Workers also end the tasks whose last closes could not tell which was last: those a notification
+named at once, every open one on start and every sweep interval (sql/280_settle_named_tasks.sql)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.services.splitter.listener import Wakeup
 from minions.services.splitter.split import SplitResult, fail_task, split_task
 from minions.store.base import ObjectStore
 
@@ -58,12 +61,13 @@ class RetryBook:
 
 
 class Worker:
-    def __init__(self, name: str, database_url: str, store: ObjectStore, wake: asyncio.Event,
+    def __init__(self, name: str, database_url: str, store: ObjectStore, wakeup: Wakeup,
                  retries: RetryBook, *, sweep_interval_s: float) -> None:
         self.name = name
         self.database_url = database_url
         self.store = store
-        self.wake = wake
+        self.wakeup = wakeup
+        self.wake = wakeup.subscribe()
         self.retries = retries
         self.sweep_interval_s = sweep_interval_s
         self.log = get_logger("splitter.worker").bind(worker=name)
@@ -100,12 +104,25 @@ class Worker:
             self.log.exception("unexpected_error")
 
     async def _serve(self, conn: asyncpg.Connection, backoff: Backoff) -> None:
+        # Every open task is looked at on (re)connecting, when asked and every sweep interval; between
+        # those, only the tasks notifications named: a wake-up costs O(named), not O(tasks queued).
+        swept_at: float | None = None
+        sweeps_done = self.wakeup.sweeps_asked
         while True:
             self.wake.clear()
-            await self._sweep(conn)
+            asked = self.wakeup.sweeps_asked
+            named = self.wakeup.take_named()
+            if swept_at is None or asked != sweeps_done or time.monotonic() - swept_at >= self.sweep_interval_s:
+                await self._sweep(conn)
+                swept_at, sweeps_done = time.monotonic(), asked
+            else:
+                await self._split_sweep(conn)
+            # After a sweep too: it looks at one page of tasks, and a named one may lie past it.
+            await self._settle_named(conn, named)
             backoff.reset()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.sweep_interval_s)
+                await asyncio.wait_for(self.wake.wait(),
+                                       timeout=max(0.0, swept_at + self.sweep_interval_s - time.monotonic()))
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
         await self._split_sweep(conn)
@@ -115,8 +132,17 @@ class Worker:
         """Ends the tasks whose last closes ran side by side and could not tell which was last
         (sql/180_task_progress_slots.sql): each in its own statement, waiting for those closes."""
         for row in await conn.fetch(Q.settle_candidates, SWEEP_LIMIT):
-            if await conn.fetchval(Q.settle_waiting, row["id"]):
-                self.log.info("task_settled", task_id=row["id"])
+            await self._settle(conn, row["id"])
+
+    async def _settle_named(self, conn: asyncpg.Connection, task_ids: list[int]) -> None:
+        """The same for the tasks notifications named, those of them that may have ended."""
+        if task_ids:
+            for row in await conn.fetch(Q.settle_candidates_among, task_ids):
+                await self._settle(conn, row["id"])
+
+    async def _settle(self, conn: asyncpg.Connection, task_id: int) -> None:
+        if await conn.fetchval(Q.settle_waiting, task_id):
+            self.log.info("task_settled", task_id=task_id)
 
     async def _split_sweep(self, conn: asyncpg.Connection) -> None:
         while True:

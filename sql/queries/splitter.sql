@@ -42,9 +42,13 @@ SELECT minion_finish_split($1);
 SELECT minion_fail_split($1, $2);
 
 -- name: settle_candidates
--- Tasks that may have ended with closes that could not decide it (sql/180_task_progress_slots.sql):
--- woken by their NOTIFY on 'tasks', and swept anyway.
+-- Every open task that may have ended with closes that could not decide it
+-- (sql/180_task_progress_slots.sql): the safety-net sweep, on start and every sweep interval.
 SELECT minion_settle_candidates($1) AS id;
+
+-- name: settle_candidates_among
+-- The same, among the tasks notifications named (sql/280_settle_named_tasks.sql).
+SELECT minion_settle_candidates_among($1::bigint[]) AS id;
 
 -- name: settle_waiting
 SELECT minion_settle_waiting($1);
