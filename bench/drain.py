@@ -19,7 +19,8 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 task until an executor waiting in its long-poll claim holds the lease (its record
                 kept in the database, sql/240; and, `submit-http-object`, written as an input
                 object as before); beside PgQueuer's enqueue -> entrypoint start (`--latency`
-                samples each).
+                samples each). `--queued N`: each latency arm measures with N one-record tasks
+                (PgQueuer: N jobs) already waiting that its executor (entrypoint) does not serve.
   http-unbatched  the real services (API, splitter, watchdog as processes, minions/testing/processes.py)
                 on the run's database with a local-folder store, and `--clients` simulated executors
                 in this process (the agent's ExecutorClient, aiohttp, one session each; outputs by
@@ -73,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import platform
 import shutil
@@ -100,6 +102,7 @@ from minions import jsoncodec, protocol  # noqa: E402
 from minions.agents.macos.client import ExecutorClient  # noqa: E402
 from minions.agents.macos.jsonl import encode_outputs, parse_records  # noqa: E402
 from minions.agents.macos.runners.sleep import SleepRunner  # noqa: E402
+from minions.config import Settings  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -240,9 +243,21 @@ def _p50_p99(samples: list[float]) -> tuple[float, float]:
     return statistics.median(s) * 1000, s[min(len(s) - 1, int(0.99 * len(s)))] * 1000
 
 
-async def sql_submit_latency(url: str, n: int) -> list[float]:
+async def queue_unserved_tasks(url: str, n: int) -> None:
+    """`--queued`: `n` one-record tasks split and waiting, of a kind no measuring executor serves
+    (embedding), as a busy cluster's queue holds other teams' work."""
+    if n:
+        conn = await connect(url)
+        await conn.fetchval("""SELECT count(t.id) FROM generate_series(1, $1) AS i, LATERAL minion_submit_task(
+                                   'queued', 'p', 'q-' || i, 'embedding', 'm', '{}', 0, 1, NULL, 'file:///x.jsonl',
+                                   'h', NULL, '{0}', '{10}', '{0}', '{1}') AS t""", n)
+        await conn.close()
+
+
+async def sql_submit_latency(url: str, n: int, queued: int = 0) -> list[float]:
     """Direct SQL: minion_submit_task of a one-record task split in its own transaction, until an
     idle executor (woken by the 'subtasks' NOTIFY, as the API's claim waiters are) holds its lease."""
+    await queue_unserved_tasks(url, queued)
     conn = await connect(url)
     _, token_id = await make_token(conn, "executor")
     executor = await make_executor(conn, token_id, name="latency")
@@ -264,8 +279,9 @@ async def sql_submit_latency(url: str, n: int) -> list[float]:
     return samples
 
 
-async def pgq_start_latency(url: str, n: int) -> list[float]:
-    """PgQueuer: enqueue one job until its entrypoint starts, a QueueManager idle on LISTEN."""
+async def pgq_start_latency(url: str, n: int, queued: int = 0) -> list[float]:
+    """PgQueuer: enqueue one job until its entrypoint starts, a QueueManager idle on LISTEN; with
+    `queued` jobs of an entrypoint it does not serve waiting."""
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
@@ -274,6 +290,8 @@ async def pgq_start_latency(url: str, n: int) -> list[float]:
     setup = await asyncpg.connect(url)
     queries = Queries(AsyncpgDriver(setup))
     await queries.install()
+    if queued:
+        await queries.enqueue(["unserved"] * queued, [None] * queued, [0] * queued)
     worker_conn = await asyncpg.connect(url)
     qm = QueueManager(Queries(AsyncpgDriver(worker_conn)))
     started: asyncio.Queue[float] = asyncio.Queue()
@@ -303,6 +321,7 @@ async def http_submit_latency(url: str, n: int, args: argparse.Namespace, arm: s
     `claim?max=10` (waiting before the submit, woken by the NOTIFY as every waiting claim is) has its
     lease in hand, inline input included."""
     samples, answered, leased = [], [], []
+    await queue_unserved_tasks(url, args.queued)
     async with running_services(url, args, **env) as (services, admin_token, executor_token), \
             MinionsClient(services.api_url, admin_token) as submitter, \
             ExecutorClient(services.api_url, executor_token) as executor:
@@ -335,11 +354,12 @@ async def http_submit_latency(url: str, n: int, args: argparse.Namespace, arm: s
 async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     arms: tuple[tuple[str, Callable[[str, int], Awaitable[list[float]]]], ...] = (
-        ("submit-sql", sql_submit_latency), ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
+        ("submit-sql", lambda url, n: sql_submit_latency(url, n, args.queued)),
+        ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
         # The input as an object (sql/240's setting at 0): the path before small inputs were kept.
         ("submit-http-object", lambda url, n: http_submit_latency(url, n, args, "submit-http-object",
                                                                            MINIONS_INPUT_IN_DATABASE_BYTES="0")),
-        ("pgq-enqueue", pgq_start_latency))
+        ("pgq-enqueue", lambda url, n: pgq_start_latency(url, n, args.queued)))
     for arm, measure in arms:
         if arm.startswith("pgq"):
             try:
@@ -369,9 +389,12 @@ async def running_services(url: str, args: argparse.Namespace, **env: str) -> As
     admin and an executor token."""
     admin_token, executor_token = await make_tokens(url)
     workdir = Path(args.workdir) / f"services-{uuid.uuid4().hex[:8]}"
+    # The safety-net sweeps at production's period, not the test harness's 1 s: with tasks queued, a
+    # splitter sweep reads every open one (`--queued`).
+    sweep_s = {f.name: f.default for f in dataclasses.fields(Settings)}["sweep_interval_s"]
     services = Services(url, workdir, heartbeat_interval_s=5.0, lease_timeout_s=60.0, long_poll_s=5.0,
                         extra_env={"MINIONS_LOG_LEVEL": "warning", "MINIONS_API_WORKERS": str(args.api_workers),
-                                   **env})
+                                   "MINIONS_SWEEP_INTERVAL_S": str(sweep_s), **env})
     try:
         await services.start_all()
         yield services, admin_token, executor_token
@@ -659,6 +682,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated, of: " + ", ".join(ALL_ARMS))
     p.add_argument("--latency", type=int, default=200,
                    help="submit -> first lease samples (direct SQL) beside PgQueuer's enqueue -> start (0: skip)")
+    p.add_argument("--queued", type=int, default=0, metavar="N",
+                   help="latency arms: N tasks (PgQueuer: jobs) already waiting that the measuring executor "
+                        "does not serve")
     p.add_argument("--fsync-off", action="store_true", help="fsync=off for every arm (default: on)")
     p.add_argument("--api-workers", type=int, default=os.cpu_count() or 1,
                    help="HTTP arms: `minions api --workers` (default: the cores, as `minions up`)")
@@ -703,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.latency:
             lat = asyncio.run(latency_all(server, args.latency, args))
             print()
+            if args.queued:
+                print(f"# latency with {args.queued} tasks (PgQueuer: jobs) waiting that no measuring executor serves")
             print("| latency | p50 ms | p99 ms | p50 ratio |\n|---|---:|---:|---|")
             ref = _p50_p99(lat["pgq-enqueue"])[0] if "pgq-enqueue" in lat else None
             for arm, samples in lat.items():
