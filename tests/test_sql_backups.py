@@ -10,6 +10,10 @@ import asyncpg
 from minions.db.connect import connect
 from minions.testing.factories import make_executor, make_task, make_token, silence
 
+# A lease's referee row (sql/030) goes with the lease, whichever copy completes (sql/290 deletes it by
+# the subtask's lease token, which a backup's completion must find too).
+REFEREE_ROWS = "SELECT count(*) FROM minion_subtask_acquirement WHERE task_id = $1"
+
 
 async def _straggling(database_url: str) -> tuple[asyncpg.Connection, int, uuid.UUID, dict, uuid.UUID]:
     """Three quick subtasks done by `fast`, the fourth held by `slow`; returns a third executor."""
@@ -58,6 +62,7 @@ async def test_backup_wins_and_the_straggler_goes_stale(database_url: str) -> No
     assert [o["outcome"] for o in outcomes] == ["done", "superseded"]
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     assert await conn.fetchval("SELECT count(*) FROM subtask_backups") == 0
+    assert await conn.fetchval(REFEREE_ROWS, task_id) == 0
     await conn.close()
 
 
@@ -71,6 +76,7 @@ async def test_straggler_finishing_first_makes_the_backup_stale(database_url: st
     assert beats[0]["state"] == "lost"
     assert await conn.fetchval("SELECT minion_lease_count($1)", spare) == 0
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    assert await conn.fetchval(REFEREE_ROWS, task_id) == 0
     await conn.close()
 
 
@@ -85,6 +91,7 @@ async def test_lost_straggler_hands_its_lease_to_the_running_backup(database_url
                                task_id) == 0
     assert await conn.fetchval("SELECT minion_complete($1, 1, 1)", backup["lease_token"]) == "ok"
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    assert await conn.fetchval(REFEREE_ROWS, task_id) == 0  # the promoted backup's own row
     await conn.close()
 
 
@@ -96,6 +103,7 @@ async def test_failed_backup_leaves_the_straggler_alone(database_url: str) -> No
     assert await conn.fetchval("SELECT state FROM subtasks WHERE task_id = $1 AND subtask_id = $2",
                                task_id, straggler["subtask_id"]) == "leased"
     assert await conn.fetchval("SELECT minion_complete($1, 1, 1)", straggler["lease_token"]) == "ok"
+    assert await conn.fetchval(REFEREE_ROWS, task_id) == 0
     await conn.close()
 
 

@@ -38,6 +38,32 @@ async def test_concurrent_claims_lease_each_subtask_exactly_once(database_url: s
     await conn.close()
 
 
+async def test_a_complete_reads_its_referee_row_not_every_lease_since_the_last_vacuum(database_url: str) -> None:
+    """Every claim inserts a referee row and every complete deletes one, so between two vacuums the
+    table grows by a page every few dozen leases while it holds one live row per lease. A complete
+    deleted its row by a sequential scan of all those pages, on the plan its connection cached while
+    the table was one page; sql/290 deletes it through the token's index, whatever the cached plan."""
+    COMPLETE = "SELECT minion_complete($1, $2, 0.1)"
+    conn, token_id = await _setup(database_url)
+    await conn.execute("ALTER TABLE minion_subtask_acquirement SET (autovacuum_enabled = false)")
+    executor = await make_executor(conn, token_id)
+    await make_task(conn, subtasks=2001)
+    for _ in range(2000):  # one connection, as an API pool's: its plans cached on the first calls
+        lease = await conn.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
+        assert await conn.fetchval(COMPLETE, lease["lease_token"], lease["records"]) == "ok"
+    grown = await conn.fetchval("SELECT pg_relation_size('minion_subtask_acquirement') / 8192")
+    assert grown >= 5, grown  # the dead rows' pages, which a scan would read
+    lease = await conn.fetchrow("SELECT lease_token, records FROM minion_claim($1, 60)", executor)
+    pages = "SELECT pg_stat_get_xact_blocks_fetched('minion_subtask_acquirement'::regclass)"
+    async with conn.transaction():
+        before = await conn.fetchval(pages)
+        assert await conn.fetchval(COMPLETE, lease["lease_token"], lease["records"]) == "ok"
+        read = await conn.fetchval(pages) - before
+    assert read <= 2, (read, grown)  # the row's page (its index is another relation)
+    assert await conn.fetchval("SELECT count(*) FROM minion_subtask_acquirement") == 0
+    await conn.close()
+
+
 async def test_claim_order_priority_then_fifo_and_capabilities(database_url: str) -> None:
     conn, token_id = await _setup(database_url)
     old = await make_task(conn, subtasks=2)
