@@ -43,8 +43,8 @@ class BufferReader:
 
 @dataclass
 class SpooledRecords:
-    """The checked records as JSONL in an anonymous temporary file (removed when closed, or when
-    the process dies: it has no name)."""
+    """The checked records as JSONL, in memory up to SPOOL_CHUNK bytes, beyond that in an anonymous
+    temporary file (removed when closed, or when the process dies: it has no name)."""
 
     file: IO[bytes]
     size: int
@@ -73,7 +73,8 @@ class MalformedRecords(ValueError):
 def scan_records(kind: str, encoded: memoryview, fingerprint: Any, max_listed: int) -> RecordScan:
     """Check every record of the (non-empty) JSON array `encoded`, spooling the valid ones as JSONL and feeding
     their lines to `fingerprint` (a hashlib object). Blocking: run it in a thread for big bodies."""
-    spool = SpooledRecords(tempfile.TemporaryFile(), 0, 0)
+    # In memory up to a chunk: a small submission (scanned on the event loop) creates no file there.
+    spool = SpooledRecords(tempfile.SpooledTemporaryFile(max_size=SPOOL_CHUNK), 0, 0)
     scan = RecordScan(spool)
     # 16 bytes per record, at its index, kept as two contiguous 8-byte columns: numpy sorts them
     # without copying either.
