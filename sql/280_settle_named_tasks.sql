@@ -5,7 +5,7 @@
 -- insert's trigger), so each submission cost each worker one probe per task waiting in the queue:
 -- O(tasks queued) per submission, twice over with two workers. With a few thousand small tasks
 -- queued, the sweeps of a steady stream of submissions kept both cores busy and the POSTs slowed
--- down with them (BENCHMARKS.md, "Submit with tasks queued").
+-- down with them (BENCHMARKS.md, "Drain, seventh round").
 --
 -- Each notification names its task: a new task (010's trigger), a close that could not decide the
 -- task's end (180's hand-off), a split's end (180's minion_finish_split). The workers now look at

@@ -458,6 +458,18 @@ async def test_worker_skips_a_task_another_splitter_holds(conn: asyncpg.Connecti
         await holder.close()
 
 
+def test_a_notification_naming_no_task_asks_for_a_sweep() -> None:
+    wakeup = Wakeup()
+    wake = wakeup.subscribe()
+    wake.clear()
+    wakeup.notified("7")
+    wakeup.notified("3")
+    assert wake.is_set() and wakeup.sweeps_asked == 0
+    assert wakeup.take_named() == [3, 7] and wakeup.take_named() == []
+    wakeup.notified("")  # an operator's bare NOTIFY tasks
+    assert wakeup.sweeps_asked == 1 and wakeup.take_named() == []
+
+
 async def test_a_worker_settles_the_tasks_named_and_sweeps_the_rest_only_when_asked(
         conn: asyncpg.Connection, store: LocalStore, database_url: str) -> None:
     """A notification costs a look at the task it names, not a sweep of every open task (sql/280)."""

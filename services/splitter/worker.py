@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -106,13 +107,13 @@ class Worker:
     async def _serve(self, conn: asyncpg.Connection, backoff: Backoff) -> None:
         # Every open task is looked at on (re)connecting, when asked and every sweep interval; between
         # those, only the tasks notifications named: a wake-up costs O(named), not O(tasks queued).
-        swept_at: float | None = None
+        swept_at = -math.inf  # never: the first look is a sweep
         sweeps_done = self.wakeup.sweeps_asked
         while True:
             self.wake.clear()
             asked = self.wakeup.sweeps_asked
             named = self.wakeup.take_named()
-            if swept_at is None or asked != sweeps_done or time.monotonic() - swept_at >= self.sweep_interval_s:
+            if asked != sweeps_done or time.monotonic() - swept_at >= self.sweep_interval_s:
                 await self._sweep(conn)
                 swept_at, sweeps_done = time.monotonic(), asked
             else:
