@@ -44,7 +44,10 @@ class Waiter:
     async def wait(self, timeout: float) -> bool:
         """True when woken, False at the timeout. Clears the wake-up for the next round."""
         try:
-            await asyncio.wait_for(self.event.wait(), timeout)
+            # asyncio.timeout, not wait_for: no task of its own to hop through (Python 3.11's wait_for
+            # wraps the wait in one), so a woken claim runs its query an iteration or two sooner.
+            async with asyncio.timeout(timeout):
+                await self.event.wait()
         except TimeoutError:
             return False
         self.event.clear()
@@ -91,10 +94,15 @@ class ClaimWaiters:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def _on_notify(self, payload: str) -> None:
+    def wake(self, capability: str) -> None:
+        """Wakes the claims that wait for `capability` (or for anything): what a NOTIFY on
+        `subtasks` does, called directly by a submission that made subtasks in this process."""
         for waiter in self._waiters:
-            if waiter.capabilities is None or payload in waiter.capabilities:
+            if waiter.capabilities is None or capability in waiter.capabilities:
                 waiter.event.set()
+
+    def _on_notify(self, payload: str) -> None:
+        self.wake(payload)
 
     def _listening(self) -> None:
         for listener in self._listeners:

@@ -29,10 +29,12 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
 -- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
 -- when they are kept in the database (sql/240), else NULL; $18 the team's input quota (0: none).
+-- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/010).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
-       minion_task_servable(t.team, t.kind, t.model) AS servable
+       minion_task_servable(t.team, t.kind, t.model) AS servable,
+       minion_capability(t.kind, t.model) AS capability
 FROM minion_submit_task($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
                         $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18) t;
 

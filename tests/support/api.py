@@ -39,6 +39,7 @@ class ApiHarness:
     admin: str
     executor: str
     session: aiohttp.ClientSession
+    app: web.Application
 
     async def call(self, method: str, path: str, *, token: str | None = "admin", json: Any = None,
                    data: bytes | None = None, headers: dict[str, str] | None = None) -> Reply:
@@ -79,12 +80,13 @@ async def running_api(database_url: str, store_root: Path, **overrides: Any) -> 
     executor, _ = await make_token(conn, "executor")
     await cluster_settings.apply_given(conn, settings)  # the lease timeout is the database's
     await conn.close()
-    runner = web.AppRunner(create_app(settings))
+    app = create_app(settings)
+    runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     async with aiohttp.ClientSession() as session:
         try:
-            yield ApiHarness(f"http://127.0.0.1:{port}", settings, admin, executor, session)
+            yield ApiHarness(f"http://127.0.0.1:{port}", settings, admin, executor, session, app)
         finally:
             await runner.cleanup()

@@ -17,7 +17,7 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import CLUSTER, POOL, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, STORE, WAITERS
 from minions.services.api.auth import require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, invalid
@@ -85,7 +85,8 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]
-    if not await pool.fetchval(Q.model_online, f"{kind}:{parsed.model}"):
+    capability = f"{kind}:{parsed.model}"
+    if not await pool.fetchval(Q.model_online, capability):
         raise _unavailable(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
     if not ends.listening:
         raise _unavailable("this API process is reconnecting to the database; retry shortly")
@@ -96,6 +97,9 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     task_id = await pool.fetchval(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
                                   parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
                                   len(parsed.records), principal.token_id)
+    # Its subtask is claimable now: this process's waiting claims start at once (the NOTIFY wakes
+    # those of the other API processes).
+    request.app[WAITERS].wake(capability)
     task = await _ended(request, ends, task_id)
     results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))
                if line.strip()]

@@ -21,7 +21,7 @@ from minions.names import NAME, is_name
 from minions.records import parse_line
 from minions.redaction import redact
 from minions.services.api import inputs
-from minions.services.api.appkeys import POOL, SETTINGS, STORE
+from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
@@ -118,6 +118,10 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
             # object (keyed by its hash) that the winning task reads.
             await store.delete(input_uri)
         return await _resubmitted(request, task, existing)
+    if ranges is not None:
+        # Split here: its subtasks are claimable now. This process's waiting claims start at once,
+        # not a NOTIFY's round trip later (the NOTIFY still wakes those of every API process).
+        request.app[WAITERS].wake(row["capability"])
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
              model=task.model, split_at_submit=ranges is not None, input_kept=input_uri is None)
     return json_response(task_object(row, store), 201)
