@@ -19,8 +19,11 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 task until an executor waiting in its long-poll claim holds the lease (its record
                 kept in the database, sql/240; and, `submit-http-object`, written as an input
                 object as before); beside PgQueuer's enqueue -> entrypoint start (`--latency`
-                samples each). `--queued N`: each latency arm measures with N one-record tasks
-                (PgQueuer: N jobs) already waiting that its executor (entrypoint) does not serve.
+                samples each). Every arm leaves the system idle IDLE_BEFORE_S before each sample
+                (the HTTP arm's executor must be waiting in its long poll): an idle machine is slower
+                to answer, so back-to-back samples in one arm only would not compare. `--queued N`:
+                each latency arm measures with N one-record tasks (PgQueuer: N jobs) already waiting
+                that its executor (entrypoint) does not serve.
   http-unbatched  the real services (API, splitter, watchdog as processes, minions/testing/processes.py)
                 on the run's database with a local-folder store, and `--clients` simulated executors
                 in this process (the agent's ExecutorClient, aiohttp, one session each; outputs by
@@ -113,6 +116,10 @@ from minions.testing.processes import Services  # noqa: E402
 
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
+# Latency arms: the idle time before each sample, the same in every arm. On this VM a statement after
+# 20 ms of idleness took 1.3 ms longer than one back to back (an ad hoc probe, BENCHMARKS "Drain,
+# eighth round"); the HTTP arm needs the gap (its executor must be waiting in its long poll).
+IDLE_BEFORE_S = 0.02
 ALL_ARMS = ("sql-baseline", "sql-new", "sql-batch10", "pgq-batch10", "pgq-batch1", "http-unbatched",
             "http-inline1", "http-batch10", "http-batch10-objects")
 
@@ -266,6 +273,7 @@ async def sql_submit_latency(url: str, n: int, queued: int = 0) -> list[float]:
     await claimer.add_listener("subtasks", lambda *_: woken.put_nowait(time.perf_counter()))
     samples = []
     for i in range(n):
+        await asyncio.sleep(IDLE_BEFORE_S)
         start = time.perf_counter()
         await conn.fetchrow("SELECT id FROM minion_submit_task('search', 'p', $1, 'sleep', 'sleep', '{}', 0, 1, "
                             "NULL, 'file:///x.jsonl', 'h', NULL, '{0}', '{10}', '{0}', '{1}')", f"lat-{i}")
@@ -304,6 +312,7 @@ async def pgq_start_latency(url: str, n: int, queued: int = 0) -> list[float]:
     await asyncio.sleep(1.0)
     samples = []
     for _ in range(n):
+        await asyncio.sleep(IDLE_BEFORE_S)
         start = time.perf_counter()
         await queries.enqueue("noop", None)
         samples.append(await started.get() - start)
@@ -334,7 +343,7 @@ async def http_submit_latency(url: str, n: int, args: argparse.Namespace, arm: s
 
         for i in range(n):
             claiming = asyncio.create_task(claim())
-            await asyncio.sleep(0.02)  # waiting in its long poll
+            await asyncio.sleep(IDLE_BEFORE_S)  # waiting in its long poll
             start = time.perf_counter()
             await submitter.submit({"team": TEAM, "project": PROJECT, "name": f"lat-{i}", "kind": "sleep",
                                     "input": {"records": [{"id": "r0", "ms": 0}]}, "subtask_size": 1})
