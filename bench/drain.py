@@ -62,6 +62,10 @@ the task's created_at -> finished_at (submit to completed, the database's clock)
 compute (subtasks x ms); also shown: first lease -> last complete. Runs `--runs` times, after the
 drain arms, each on a fresh database; the table gives the median.
 
+This process (the direct-SQL clients, PgQueuer's workers, the simulated executors, the SDK client of
+the latency arms) runs on uvloop where installed, as the services and the agent do (minions/runtime.py):
+every arm in it on the same loop.
+
 The HTTP arms and the makespan also print the CPU time per subtask each process spent over the
 measurement (the API with its workers, PostgreSQL with its backends, splitter and watchdog, this
 process, the agent; from /proc): on a small machine the protocol's CPU, not waiting, sets the pace.
@@ -101,7 +105,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 from bench import statements  # noqa: E402
 from bench.claim import admin  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
-from minions import jsoncodec, protocol  # noqa: E402
+from minions import jsoncodec, protocol, runtime  # noqa: E402
 from minions.agents.macos.client import ExecutorClient  # noqa: E402
 from minions.agents.macos.jsonl import encode_outputs, parse_records  # noqa: E402
 from minions.agents.macos.runners.sleep import SleepRunner  # noqa: E402
@@ -719,15 +723,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{'fsync=off' if args.fsync_off else 'fsync on'}")
         args.workdir = str(root)
         if args.statements:
-            asyncio.run(statements.enable(server))
+            runtime.run(statements.enable(server))
             if args.makespan or args.latency:
                 print("# --statements: makespan and latency skipped (the counting would slow them too)")
                 args.makespan = args.latency = 0
-        rates = asyncio.run(run_all(server, args))
+        rates = runtime.run(run_all(server, args))
         print()
         print(table(rates))
         if args.makespan:
-            spans = asyncio.run(makespan_all(server, args))
+            spans = runtime.run(makespan_all(server, args))
             compute = args.makespan * args.makespan_ms / 1000
             median = statistics.median(s for s, _ in spans)
             print()
@@ -736,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(runs: {', '.join(f'{s:.2f}' for s, _ in spans)}; first lease -> last complete: "
                   f"{', '.join(f'{d:.2f}' for _, d in spans)})")
         if args.latency:
-            lat = asyncio.run(latency_all(server, args.latency, args))
+            lat = runtime.run(latency_all(server, args.latency, args))
             print()
             if args.queued:
                 print(f"# latency with {args.queued} tasks (PgQueuer: jobs) waiting that no measuring executor serves")

@@ -1,12 +1,20 @@
-"""Process runtime: uvloop where available."""
+"""Process runtime: the services (API, splitter, watchdog) and the agent run their event loop through
+`run`, on uvloop where it is installed, else on asyncio's own loop."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-def install_uvloop() -> bool:
+T = TypeVar("T")
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, on uvloop's loop when uvloop is importable (a wheel without it still runs)."""
     try:
         import uvloop
     except ImportError:
-        return False
-    uvloop.install()
-    return True
+        return asyncio.run(main)
+    result: T = uvloop.run(main)
+    return result

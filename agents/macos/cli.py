@@ -7,10 +7,10 @@ The `minions` CLI calls `add_parser(subparsers)` and, for the `agent` command, `
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from minions import runtime
 from minions.agents.macos import config as agent_config
 from minions.agents.macos.install import PROCESS_TYPES
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return install.install(config, dry_run=args.dry_run, process_type=args.process_type)
     from minions.agents.macos.agent import serve
 
-    return asyncio.run(serve(config))
+    return runtime.run(serve(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,9 +12,8 @@ import sys
 from aiohttp import web
 from aiohttp.log import access_logger
 
-from minions import config
+from minions import config, runtime
 from minions.logging import configure, get_logger
-from minions.runtime import install_uvloop
 from minions.services.api import prefork
 from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import SchemaMissing, create_app
@@ -54,9 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve_here(settings: config.Settings, sock: socket.socket | None, *, reuse_port: bool = False) -> int:
-    install_uvloop()
     try:
-        asyncio.run(serve(settings, sock, reuse_port=reuse_port))
+        runtime.run(serve(settings, sock, reuse_port=reuse_port))
     except SchemaMissing as exc:
         print(f"minions api: {exc}", file=sys.stderr)
         return 1

@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import asyncpg
 
 from minions import logging as minions_logging
+from minions import runtime
 from minions.backoff import Backoff
 from minions.config import SPLITTER, ConfigError, Settings, add_arguments, from_args, names_for
 from minions.db.connect import CONNECTION_ERRORS, connect
@@ -57,16 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"splitter: {exc}", file=sys.stderr)
         return 2
     minions_logging.configure("splitter")
-    return _run(serve(settings, workers))
-
-
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: int = uvloop.run(coro)
-    return result
+    return runtime.run(serve(settings, workers))
 
 
 async def serve(settings: Settings, workers: int) -> int:

@@ -7,9 +7,8 @@ import asyncio
 import signal
 import sys
 
-from minions import config
+from minions import config, runtime
 from minions.logging import configure
-from minions.runtime import install_uvloop
 from minions.services.watchdog.service import Watchdog
 
 SETTINGS = config.names_for(config.WATCHDOG)
@@ -32,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if not settings.database_url:
         print("minions watchdog: MINIONS_DATABASE_URL is required", file=sys.stderr)
         return 2
-    install_uvloop()
-    asyncio.run(_serve(Watchdog(settings)))
+    runtime.run(_serve(Watchdog(settings)))
     return 0
 
 
