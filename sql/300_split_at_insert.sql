@@ -11,6 +11,8 @@
 -- splitter needs to hear of it. The task is now inserted with its split done and its counters set,
 -- and its subtasks in one more insert (whose statement trigger still wakes the claims, sql/010). The
 -- 'tasks' NOTIFY of an insert is for unsplit tasks only: those are what the splitter splits.
+-- BENCHMARKS.md, "Drain, eighth round": the submit statement took 4.27 ms of the submit -> lease flow
+-- before, 3.15 ms after.
 -- The splitter's own split (big inputs, inputs by URI) keeps the three steps: closes can run while it
 -- splits.
 
