@@ -7,8 +7,11 @@ import asyncio
 import itertools
 from pathlib import Path
 
+import pytest
+
 from minions.db.connect import connect
 from minions.services.api.appkeys import WAITERS
+from minions.services.api.claim_waiters import ClaimWaiters
 from tests.support.api import running_api
 
 RECORDS = [{"id": f"r{i}", "ms": 1} for i in range(7)]
@@ -90,3 +93,26 @@ async def test_a_submission_split_here_wakes_this_processs_waiting_claims_itself
             reply = await api.call("POST", "/api/v1/tasks", json=_task("woken"))
             assert reply.status == 201 and reply.body["subtasks"]["pending"] == 3
             assert same.event.is_set() and not other.event.is_set()
+
+
+async def test_an_interactive_request_wakes_this_processs_waiting_claims_itself(
+        database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's request (POST /v1/embeddings) likewise: with the API hearing its `subtasks`
+    NOTIFYs but ignoring them, a claim waiting here gets the request's subtask at once, not at the
+    end of its wait."""
+    monkeypatch.setattr(ClaimWaiters, "_on_notify", lambda self, payload: None)
+    async with running_api(database_url, tmp_path) as api:
+        executor = await api.register("emb", kinds=["embedding"], models=["m"])
+        claim = asyncio.create_task(api.call("POST", f"/api/v1/executors/{executor}/claim?wait=25&max=1",
+                                             token="executor"))
+        await asyncio.sleep(0.5)  # waiting in its long poll
+        request = asyncio.create_task(api.call("POST", "/v1/embeddings", json={"model": "m", "input": "hi"}))
+        reply = await asyncio.wait_for(claim, 10)
+        assert reply.status == 200, reply.body
+        [lease] = reply.body["leases"]
+        assert (lease["subtask"]["kind"], lease["subtask"]["model"]) == ("embedding", "m")
+        # Failed for good, so the request answers at once rather than at the server's shutdown.
+        failed = await api.call("POST", f"/api/v1/leases/{lease['lease']['token']}/fail", token="executor",
+                                json={"error": "a test executor", "retryable": False})
+        assert failed.status == 200, failed.body
+        assert (await asyncio.wait_for(request, 10)).status == 502

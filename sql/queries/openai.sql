@@ -23,8 +23,8 @@ LIMIT $4;
 SELECT minion_openai_delete_file($1);
 
 -- name: model_served
--- Whether any executor that is not offline advertises this capability ('kind:model').
-SELECT EXISTS (SELECT 1 FROM executors WHERE capabilities @> ARRAY[$1::text] AND status <> 'offline');
+-- Whether any executor that is not offline advertises kind $1 with model $2 (minion_capability).
+SELECT EXISTS (SELECT 1 FROM executors WHERE capabilities @> ARRAY[minion_capability($1, $2)] AND status <> 'offline');
 
 -- name: submit_batch
 SELECT minion_openai_submit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
@@ -72,13 +72,16 @@ CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
 
 -- name: model_online
--- Whether an executor that is online now (heard from within the cluster's lease timeout) serves $1.
+-- Whether an executor that is online now (heard from within the cluster's lease timeout) serves kind
+-- $1 with model $2 (minion_capability).
 SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
-                WHERE e.capabilities @> ARRAY[$1::text] AND e.status = 'online'
+                WHERE e.capabilities @> ARRAY[minion_capability($1, $2)] AND e.status = 'online'
                   AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()));
 
 -- name: submit_interactive
-SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+-- The task's id, and what its subtask is claimed as (the payload of its NOTIFY, sql/010).
+SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS task_id,
+       minion_capability($4, $5) AS capability;
 
 -- name: cancel_task
 SELECT minion_cancel_task($1);

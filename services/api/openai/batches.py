@@ -101,7 +101,7 @@ async def create_batch(request: web.Request) -> web.Response:
     kind = ENDPOINT_KIND[endpoint]
     if check.requests == 0:
         check.error(1, "empty_file", "the input file holds no requests")
-    elif check.model is not None and not await pool.fetchval(Q.model_served, f"{kind}:{check.model}"):
+    elif check.model is not None and not await pool.fetchval(Q.model_served, kind, check.model):
         check.error(check.model_line, "model_not_found",
                     f"no executor serves {kind} with model {check.model!r}", "body.model")
     args = (batch_id, team, endpoint, source["id"], body["completion_window"], window_s, body.get("metadata"))

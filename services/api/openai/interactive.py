@@ -85,8 +85,7 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]
-    capability = f"{kind}:{parsed.model}"
-    if not await pool.fetchval(Q.model_online, capability):
+    if not await pool.fetchval(Q.model_online, kind, parsed.model):
         raise _unavailable(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
     if not ends.listening:
         raise _unavailable("this API process is reconnecting to the database; retry shortly")
@@ -94,13 +93,13 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     name = new_id("req_")
     data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)
     input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
-    task_id = await pool.fetchval(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
-                                  parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
-                                  len(parsed.records), principal.token_id)
+    submitted = await pool.fetchrow(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
+                                    parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
+                                    len(parsed.records), principal.token_id)
     # Its subtask is claimable now: this process's waiting claims start at once (the NOTIFY wakes
     # those of the other API processes).
-    request.app[WAITERS].wake(capability)
-    task = await _ended(request, ends, task_id)
+    request.app[WAITERS].wake(submitted["capability"])
+    task = await _ended(request, ends, submitted["task_id"])
     results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))
                if line.strip()]
     outcome = response_body(endpoint, body, results)
