@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,7 +47,8 @@ def pct(values: list[float], q: float) -> float:
 async def main(args: argparse.Namespace) -> int:
     pg = DedicatedPostgres()
     url = await pg.start()
-    cluster = await Cluster.create(url, Path(tempfile.mkdtemp(prefix="minions-bench-openai-")),
+    workdir = Path(tempfile.mkdtemp(prefix="minions-bench-openai-"))
+    cluster = await Cluster.create(url, workdir,
                                    heartbeat_interval_s=1.0, lease_timeout_s=10.0, long_poll_s=30.0)
     texts = sentences(args.warmup + args.requests, 3)
     latencies: list[float] = []
@@ -78,6 +80,7 @@ async def main(args: argparse.Namespace) -> int:
     finally:
         await cluster.close()
         pg.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     compute = [float(r["seconds"]) for r in rows][args.warmup:]
     assert len(compute) == len(latencies), (len(compute), len(latencies))
     overhead = [lat - c for lat, c in zip(latencies, compute, strict=True)]

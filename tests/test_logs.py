@@ -90,12 +90,13 @@ def test_minions_up_shows_each_child_exit_once() -> None:
         from minions.logging import configure
 
         async def main():
-            supervisor = Supervisor(Path(tempfile.mkdtemp()))
-            child = await supervisor.start("zen", "this", [], {})  # prints and exits at once
-            while child.restarts < 2:
-                await asyncio.sleep(0.05)
-            await supervisor.stop()
-            print(child.restarts)
+            with tempfile.TemporaryDirectory() as folder:
+                supervisor = Supervisor(Path(folder))
+                child = await supervisor.start("zen", "this", [], {})  # prints and exits at once
+                while child.restarts < 2:
+                    await asyncio.sleep(0.05)
+                await supervisor.stop()
+                print(child.restarts)
 
         configure("up", for_terminal=True)
         asyncio.run(main())

@@ -4,6 +4,7 @@ input order, the synchronous facade, and retries that wait as long as the server
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -104,12 +105,16 @@ async def test_the_sync_facade_and_failed_records(sleep_cluster: tuple[Services,
 @pytest.fixture
 def own_postgres() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, which it stops and starts."""
-    pg = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="minions-sdk-pg-")) / "pgdata", fast=True)
+    root = Path(tempfile.mkdtemp(prefix="minions-sdk-pg-"))
+    pg = EmbeddedPostgres(root / "pgdata", fast=True)
     pg.start()
     try:
         yield pg
     finally:
-        pg.stop("immediate")
+        try:
+            pg.stop("immediate")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_503_is_retried_after_the_servers_retry_after(own_postgres: EmbeddedPostgres,

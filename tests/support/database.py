@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -22,12 +23,13 @@ class TestDatabases:
 
     def __init__(self) -> None:
         self.server: EmbeddedPostgres | None = None
+        self._root: Path | None = None
         external = os.environ.get("MINIONS_TEST_DATABASE_URL")
         if external:
             self.admin_url = external
         else:
-            root = Path(tempfile.mkdtemp(prefix="minions-test-pg-"))
-            self.server = EmbeddedPostgres(root / "pgdata", fast=True)
+            self._root = Path(tempfile.mkdtemp(prefix="minions-test-pg-"))
+            self.server = EmbeddedPostgres(self._root / "pgdata", fast=True)
             self.server.start()
             self.admin_url = self.server.url
         self._counter = itertools.count()
@@ -69,5 +71,11 @@ class TestDatabases:
             await conn.close()
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(mode="immediate")
+        """Stops the embedded server and removes its data folder: a test session grows it to a few GB,
+        and a machine that runs the suite often fills its disk with them otherwise."""
+        try:
+            if self.server is not None:
+                self.server.stop(mode="immediate")
+        finally:
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
