@@ -62,6 +62,30 @@ async def test_a_batched_claim_fills_from_each_preference_in_order_then_the_queu
     await conn.close()
 
 
+async def test_each_lease_of_every_branch_is_its_referee_rows_and_stamped_in_claim_order(database_url: str) -> None:
+    """Each branch of the claim (a task by name, a project, a team, the whole queue) writes a lease and
+    its referee row with one token, for the executor that won it, stamped in claim order."""
+    conn, token_id = await _setup(database_url)
+    await make_task(conn, team="search", project="other", subtasks=2)
+    await make_task(conn, team="search", project="ranker", name="emb-1", subtasks=2)
+    await make_task(conn, team="search", project="ranker", name="emb-2", subtasks=2)
+    await make_task(conn, team="team-b", subtasks=2)
+    ex = await make_executor(conn, token_id, preferences=[
+        {"team": "search", "project": "ranker", "task_name": "emb-2"}, {"team": "search", "project": "ranker"},
+        {"team": "team-b"}])
+    won = await _claim(conn, ex, token_id, 8)
+    assert len(won) == 8
+    referee = {r["lease_token"]: (r["task_id"], r["subtask_id"], r["executor_id"]) for r in await conn.fetch(
+        "SELECT lease_token, task_id, subtask_id, executor_id FROM minion_subtask_acquirement")}
+    assert referee == {r["lease_token"]: (r["task_id"], r["subtask_id"], ex) for r in won}
+    leased = await conn.fetch("SELECT lease_token, lease_executor, attempts, leased_at FROM subtasks "
+                              "WHERE state = 'leased' ORDER BY leased_at")
+    assert [r["lease_token"] for r in leased] == [r["lease_token"] for r in won]
+    assert {(r["lease_executor"], r["attempts"]) for r in leased} == {(ex, 1)}
+    assert len({r["leased_at"] for r in leased}) == 8
+    await conn.close()
+
+
 async def test_a_team_executor_batch_claims_only_its_team(database_url: str) -> None:
     conn = await connect(database_url)
     _, token_id = await make_token(conn, "executor", team="team-b")
@@ -164,13 +188,35 @@ async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_p
     await conn.close()
 
 
-async def test_the_claim_carries_its_generic_plan_setting(database_url: str) -> None:
-    """sql/250's setting rides on the function: a later CREATE OR REPLACE of minion_claim_batch that
-    forgot it would silently bring back a planning of every claim."""
+async def test_the_claim_carries_its_plan_settings(database_url: str) -> None:
+    """sql/250's and sql/310's settings ride on the function: a later CREATE OR REPLACE of
+    minion_claim_batch that forgot them would silently bring back a planning of every claim, or scans
+    of the whole subtasks table."""
     conn = await connect(database_url)
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regprocedure",
                                  "minion_claim_batch(uuid, bigint, integer, double precision)")
-    assert config == ["plan_cache_mode=force_generic_plan"]
+    assert sorted(config) == ["enable_seqscan=off", "plan_cache_mode=force_generic_plan"]
+    await conn.close()
+
+
+async def test_a_claim_planned_on_small_tables_scans_none_of_them_later(database_url: str) -> None:
+    """sql/310: the claim's cached plans, made while the tables were one page, still read subtasks,
+    tasks and the referee table by index once they hold more (no sequential scan in the claim's own
+    transaction's statistics)."""
+    conn, token_id = await _setup(database_url)
+    ex = await make_executor(conn, token_id)
+    scans = """SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables
+                WHERE relname IN ('subtasks', 'tasks', 'minion_subtask_acquirement')"""
+    for rounds in (3, 200):  # the first claims plan on one page; then the tables grow under the plans
+        for _ in range(rounds):
+            await make_task(conn, subtasks=2)
+        for most in (1, 10):
+            async with conn.transaction():
+                won = await _claim(conn, ex, token_id, most)
+                assert won and await conn.fetchval(scans) == 0, most
+            for r in won:
+                assert await conn.fetchval("SELECT minion_complete($1, $2, 0.0)", r["lease_token"], r["records"]) \
+                    == "ok"
     await conn.close()
 
 
