@@ -17,8 +17,8 @@
 -- against the others).
 --
 -- Measured beside 250's claim, same server, alternating (ad hoc loop: submit one small task, then
--- claim it from another connection; median of 600): a claim of one 3.55 -> 3.07 ms, of ten
--- 6.33 -> 4.94 ms.
+-- claim it from another connection; medians of 580 and 280): a claim of one 3.55 -> 3.07 ms, of
+-- ten 6.33 -> 4.94 ms.
 --
 -- As with 250's setting, a CREATE OR REPLACE of minion_claim_batch drops this one: a restatement
 -- must carry both (tests/test_sql_batched_steps.py checks them).
