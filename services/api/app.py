@@ -16,10 +16,21 @@ from minions.db.connect import CONNECTION_ERRORS, create_pool
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
-from minions.services.api.appkeys import CLUSTER, LEASES, OUTPUT_WRITABLE, POOL, SETTINGS, STORE, TOKENS, WAITERS
+from minions.services.api.appkeys import (
+    CLUSTER,
+    INPUTS,
+    LEASES,
+    OUTPUT_WRITABLE,
+    POOL,
+    SETTINGS,
+    STORE,
+    TOKENS,
+    WAITERS,
+)
 from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
 from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
+from minions.services.api.input_cache import InputCache
 from minions.services.api.lease_facts import LeaseFacts
 from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, tokens
 from minions.services.api.routes import openapi as openapi_routes
@@ -47,6 +58,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[TOKENS] = TokenCache()
     app[LEASES] = LeaseFacts()
+    app[INPUTS] = InputCache()
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)

@@ -11,6 +11,7 @@ from minions.cluster_settings import LiveClusterSettings
 from minions.config import Settings
 from minions.services.api.auth import TokenCache
 from minions.services.api.claim_waiters import ClaimWaiters
+from minions.services.api.input_cache import InputCache
 from minions.services.api.lease_facts import LeaseFacts
 from minions.services.api.url_signing import SigningStore
 
@@ -22,6 +23,7 @@ STORE = web.AppKey("store", SigningStore)
 WAITERS = web.AppKey("waiters", ClaimWaiters)
 TOKENS = web.AppKey("tokens", TokenCache)
 LEASES = web.AppKey("leases", LeaseFacts)  # what each lease handed out here is (lease_facts.py)
+INPUTS = web.AppKey("inputs", InputCache)  # small input objects, whole, for inline ranges (input_cache.py)
 # Whether the local store may take a PUT of this key now: only the output key of a live lease
 # (set from the database in app.py; a server without it takes no PUT at all).
 OUTPUT_WRITABLE = web.AppKey[Callable[[str], Awaitable[bool]]]("output_writable")

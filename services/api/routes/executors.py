@@ -13,10 +13,11 @@ from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import NAME
-from minions.services.api.appkeys import CLUSTER, LEASES, POOL, SETTINGS, STORE, WAITERS
+from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, path_uuid, query_float, query_int
 from minions.services.api.errors import ApiError, forbidden, invalid, not_found
+from minions.services.api.input_cache import InputCache
 from minions.services.api.messages import decode_body
 from minions.services.api.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api.responses import json_response
@@ -177,7 +178,8 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
     try:
         if _hung_up(request):
             raise ConnectionResetError
-        inputs = await _inline_inputs(request.app[STORE], rows, request.app[SETTINGS].inline_input_bytes)
+        inputs = await _inline_inputs(request.app[STORE], request.app[INPUTS], rows,
+                                      request.app[SETTINGS].inline_input_bytes)
         if any(row["input_uri"] is None and data is None for row, data in zip(rows, inputs, strict=True)):
             # The claim's statement read every kept range (minion_kept_input sees what the claim saw):
             # none means the task was deleted meanwhile, as when a store read fails.
@@ -217,12 +219,13 @@ async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol
     )
 
 
-async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> list[bytes | None]:
+async def _inline_inputs(store: ObjectStore, cache: InputCache, rows: list[Any], limit: int) -> list[bytes | None]:
     """Each lease's input range when the task's input is kept in the database (the claim read it), or
     when it is at most `limit` bytes (to ride in the answer: no GET for the executor), else None;
     None too when it cannot be read (the executor's GET meets the same trouble, and reports it as it
     always has). The ranges of one input object are read in one go when they lie close together (a
-    batch's usually follow one another)."""
+    batch's usually follow one another), and a small input object of this store's own is read whole
+    once, for every claim after (`input_cache.py`)."""
     found: list[bytes | None] = [row["input_data"] for row in rows]  # kept inputs: read by the claim
     small: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
@@ -237,7 +240,7 @@ async def _inline_inputs(store: ObjectStore, rows: list[Any], limit: int) -> lis
             await asyncio.gather(*(read(uri, [i]) for i in members))
             return
         try:
-            data = await store.read_bytes(uri, start, end)
+            data = await cache.read_bytes(store, uri, start, end)
         except StoreError:
             return
         for i, (s, e) in zip(members, spans, strict=True):
