@@ -41,6 +41,13 @@ def validate_key(key: str) -> str:
     return key
 
 
+def check_range(start: int, end: int | None) -> None:
+    """Raise ValueError unless [start, end) is a byte range (end None: to the object's end); every
+    store, and what reads through one, refuses a bad range with this one message."""
+    if start < 0 or (end is not None and end < start):
+        raise ValueError(f"bad byte range [{start}, {end})")
+
+
 @dataclass(frozen=True)
 class ListedObject:
     """One thing found under a store prefix, for the garbage collector."""

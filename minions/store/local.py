@@ -21,7 +21,7 @@ from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from minions.private_files import make_private_dir, open_private
-from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, validate_key
+from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, check_range, validate_key
 
 CHUNK_SIZE = 256 * 1024
 # put_stream gathers small incoming chunks (aiohttp hands out a few KiB at a time) into writes of
@@ -43,8 +43,7 @@ class LocalObject:
 
     async def chunks(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """Bytes [start, end) (clamped to the object) in chunks of at most CHUNK_SIZE."""
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"bad byte range [{start}, {end})")
+        check_range(start, end)
         stop = self.size if end is None else min(end, self.size)
         position = start
         while position < stop:
@@ -149,8 +148,7 @@ class LocalStore:
                 yield chunk
 
     async def read_bytes(self, uri: str, start: int, end: int) -> bytes:
-        if start < 0 or end < start:
-            raise ValueError(f"bad byte range [{start}, {end})")
+        check_range(start, end)
         return await asyncio.to_thread(_read_range, self.path_for(self.key_for(uri)), uri, start, end)
 
     async def delete(self, uri: str) -> None:

@@ -18,7 +18,7 @@ import aioboto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, validate_key
+from minions.store.base import InvalidKey, ListedObject, ObjectNotFound, StoreError, check_range, validate_key
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -176,8 +176,7 @@ class S3Store:
         return int(head["ContentLength"])
 
     async def read(self, uri: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"bad byte range [{start}, {end})")
+        check_range(start, end)
         if end is not None and end == start:
             return
         bucket, key = parse_s3_uri(uri)
