@@ -4,6 +4,7 @@ store reads it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,31 @@ async def test_the_copies_are_bounded_least_recently_used_first_out(tmp_path: Pa
     assert await cache.read_bytes(store, c[0], 0, 22) == DATA[:22]
     with pytest.raises(ObjectNotFound):
         await cache.read_bytes(store, b[0], 0, 22)
+
+
+class CountingStore(LocalStore):
+    """The real local store, counting its whole-object reads (not a double: every read is its own)."""
+
+    reads = 0
+
+    async def read_bytes(self, uri: str, start: int, end: int) -> bytes:
+        self.reads += 1
+        await asyncio.sleep(0.01)  # a read long enough for every claim below to miss while it runs
+        return await super().read_bytes(uri, start, end)
+
+
+async def test_claims_that_miss_together_share_one_read(tmp_path: Path) -> None:
+    store, cache = CountingStore(tmp_path), InputCache()
+    uri, _ = await _put(store, "inputs/search/p/t-0456.jsonl")
+    ranges = [(22 * i, 22 * (i + 1)) for i in range(16)]
+    got = await asyncio.gather(*(cache.read_bytes(store, uri, a, b) for a, b in ranges))
+    assert got == [DATA[a:b] for a, b in ranges]
+    assert store.reads == 1
+    # A claim whose client goes away mid-read does not cancel the read the others wait on.
+    other, _ = await _put(store, "inputs/search/p/t-0789.jsonl")
+    first = asyncio.create_task(cache.read_bytes(store, other, 0, 22))
+    second = asyncio.create_task(cache.read_bytes(store, other, 22, 44))
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await second == DATA[22:44]
+    assert store.reads == 2

@@ -10,14 +10,17 @@ writes once and never rewrites (named by the task's request hash, an upload's id
 a copy here is the object for as long as it exists. An input named by an outside URI may be changed
 by its owner and is read at every claim, as before. A deleted object's copy is never asked for
 again (its subtasks went with its task) and ages out. Bounded: objects up to OBJECT_BYTES, up to
-TOTAL_BYTES in all, least recently used first out.
+TOTAL_BYTES in all, least recently used first out. Claims that miss together (a fleet's first claims
+of a new task) share one read: the first starts it, the others wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections import OrderedDict
 
-from minions.store.base import ObjectStore
+from minions.store.base import ObjectStore, check_range
 
 OBJECT_BYTES = 4 * 1024 * 1024
 TOTAL_BYTES = 64 * 1024 * 1024
@@ -33,12 +36,12 @@ class InputCache:
         self._object_bytes = object_bytes
         self._total_bytes = total_bytes
         self._held = 0
+        self._loading: dict[str, asyncio.Task[bytes | None]] = {}
 
     async def read_bytes(self, store: ObjectStore, uri: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object at `uri`, as `store.read_bytes` gives them (and raising
         as it does), from a whole copy when the object is one of this store's small inputs."""
-        if start < 0 or end < start:
-            raise ValueError(f"bad byte range [{start}, {end})")
+        check_range(start, end)
         data = self._objects.get(uri)
         if data is None:
             data = await self._load(store, uri)
@@ -49,9 +52,24 @@ class InputCache:
         return data[start:end]
 
     async def _load(self, store: ObjectStore, uri: str) -> bytes | None:
-        """The whole object, kept; None when it is not one to keep."""
+        """The whole object, kept; None when it is not one to keep. One read at a time per object:
+        a claim that misses while another reads it waits for that read."""
         if uri in self._not_kept or not uri.startswith(f"{store.root_uri}/inputs/"):
             return None
+        loading = self._loading.get(uri)
+        if loading is None:
+            loading = asyncio.create_task(self._read_whole(store, uri))
+            self._loading[uri] = loading
+            loading.add_done_callback(functools.partial(self._loaded, uri))
+        # Shielded: a waiter cancelled (its client gone) does not cancel the read the others wait on.
+        return await asyncio.shield(loading)
+
+    def _loaded(self, uri: str, loading: asyncio.Task[bytes | None]) -> None:
+        del self._loading[uri]
+        if not loading.cancelled():
+            loading.exception()  # retrieved here too: every waiter may have gone
+
+    async def _read_whole(self, store: ObjectStore, uri: str) -> bytes | None:
         size = await store.size(uri)
         if size is None or size > self._object_bytes:
             self._not_kept[uri] = None
@@ -59,11 +77,10 @@ class InputCache:
                 self._not_kept.popitem(last=False)
             return None
         data = await store.read_bytes(uri, 0, size)
-        if uri not in self._objects:  # another claim may have read it meanwhile
-            self._objects[uri] = data
-            self._held += len(data)
-            while self._held > self._total_bytes:
-                self._held -= len(self._objects.popitem(last=False)[1])
+        self._objects[uri] = data
+        self._held += len(data)
+        while self._held > self._total_bytes:
+            self._held -= len(self._objects.popitem(last=False)[1])
         return data
 
     def __len__(self) -> int:
