@@ -238,3 +238,33 @@ async def test_a_claim_preferring_a_project_reads_its_open_tasks_not_its_history
     # with 200 to 8,000 finished tasks); reading the history read them all (5,000 rows here).
     assert pages <= 30, pages
     await conn.close()
+
+
+async def test_a_claim_starts_each_task_it_takes_from_once_and_leaves_a_running_one_be(database_url: str) -> None:
+    """sql/320: only tasks still 'splitting' or 'queued' are updated to 'running', in the claim that
+    takes their first subtask; a later claim leaves the row (and its started_at) as it is."""
+    conn, token_id = await _setup(database_url)
+    queued = await make_task(conn, subtasks=3)
+    splitting = await conn.fetchval(
+        "INSERT INTO tasks (team, project, name, kind, model, subtask_size, max_attempts, input_uri, request_hash) "
+        "VALUES ('search', 'ranker', 'splitting', 'sleep', 'sleep', 1, 3, 'file:///x.jsonl', 'h') RETURNING id")
+    await conn.fetchrow("SELECT * FROM minion_begin_split($1)", splitting)
+    assert await conn.fetchval("SELECT minion_add_subtasks($1, '{0,100}', '{100,200}', '{0,1}', '{1,1}', 0, 200, 2)",
+                               splitting)
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", splitting) == "splitting"
+    ex = await make_executor(conn, token_id)
+    won = await _claim(conn, ex, token_id, 3)
+    assert [(r["task_id"], r["subtask_id"]) for r in won] == [(queued, 0), (queued, 1), (queued, 2)]
+    won = await _claim(conn, ex, token_id, 1)
+    assert [(r["task_id"], r["subtask_id"]) for r in won] == [(splitting, 0)]
+    started = {r["id"]: (r["status"], r["started_at"]) for r in
+               await conn.fetch("SELECT id, status, started_at FROM tasks WHERE id = ANY ($1)", [queued, splitting])}
+    assert {status for status, at in started.values() if at is not None} == {"running"} and len(started) == 2
+    # A later claim of the running task takes its subtask and leaves the task's row alone.
+    before = await conn.fetchval("SELECT xmin::text FROM tasks WHERE id = $1", splitting)
+    won = await _claim(conn, ex, token_id, 5)
+    assert [(r["task_id"], r["subtask_id"]) for r in won] == [(splitting, 1)]
+    assert won[0]["kind"] == "sleep" and won[0]["input_uri"] == "file:///x.jsonl" and won[0]["records"] == 1
+    assert await conn.fetchval("SELECT xmin::text FROM tasks WHERE id = $1", splitting) == before
+    assert await conn.fetchval("SELECT started_at FROM tasks WHERE id = $1", splitting) == started[splitting][1]
+    await conn.close()
