@@ -298,3 +298,20 @@ async def test_progress_counters_agree_with_a_recount_through_every_transition(d
     await conn.fetchval("SELECT minion_cancel_task($1)", task_id)
     await agree()
     await conn.close()
+
+
+async def test_the_output_key_keeps_its_layout_and_is_folded_into_the_statement(database_url: str) -> None:
+    """sql/330: the key sql/020 made with format(), from an expression the planner inlines (no call
+    of the SQL-function executor per lease)."""
+    conn = await connect(database_url)
+    for task_id, subtask_id, attempt in ((1, 0, 1), (9_007_199_254_740_993, 2_147_483_647, 12)):
+        token = uuid.uuid4()
+        assert await conn.fetchval("SELECT minion_output_key($1, $2, $3, $4)", task_id, subtask_id, attempt, token) \
+            == f"outputs/{task_id}/{subtask_id}/{attempt}-{token}.jsonl" \
+            == await conn.fetchval("SELECT format('outputs/%s/%s/%s-%s.jsonl', $1::bigint, $2::integer, $3::integer, "
+                                   "$4::uuid)", task_id, subtask_id, attempt, token)
+    plan = "\n".join(r[0] for r in await conn.fetch(
+        "EXPLAIN (VERBOSE, COSTS OFF) SELECT minion_output_key(s.task_id, s.subtask_id, s.attempts, s.lease_token) "
+        "FROM subtasks s"))
+    assert "minion_output_key" not in plan and "'outputs/'::text" in plan, plan
+    await conn.close()
