@@ -46,6 +46,8 @@ bench: install
 	$(PY) bench/cli_help.py --minions $(VENV)/bin/minions
 	$(PY) bench/drain.py --subtasks 20000 --runs 3
 	$(PY) bench/sql_profile.py --subtasks 10000 --batch 10
+	$(PY) bench/drain_ceiling.py --subtasks 6000 --runs 5
+	$(PY) bench/api_floor.py --runs 3
 	$(PY) bench/embed_system.py --sentences 2000 --rounds 3
 	$(PY) bench/idle_pollers.py --executors 1000 --wait-s 5 --cycles 3
 	$(PY) bench/results.py --subtasks 10000 --records 20 --rounds 3

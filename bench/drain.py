@@ -169,10 +169,16 @@ async def sql_drain(c: asyncpg.Connection, executor: uuid.UUID, token_id: int, b
         done += n
 
 
-async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: int = 1) -> float:
+async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: int = 1,
+                  prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+                  check_end: bool = True) -> float:
+    """`prepare`: run on the scratch database before the task is made (bench/drain_ceiling.py's
+    variants); `check_end`: False for a variant that no longer keeps what the end check reads."""
     conn = await connect(url)
     if baseline:
         await conn.execute(BASELINE_SQL.read_text())
+    if prepare is not None:
+        await prepare(conn)
     _, token_id = await make_token(conn, "executor")
     executors = [await make_executor(conn, token_id, name=f"drain-{i}") for i in range(clients)]
     task_id = await make_task(conn, subtasks=subtasks)
@@ -180,10 +186,14 @@ async def sql_arm(url: str, subtasks: int, clients: int, baseline: bool, batch: 
     conns = [await connect(url) for _ in range(clients)]
 
     start = time.perf_counter()
-    await asyncio.gather(*(sql_drain(c, e, token_id, batch) for c, e in zip(conns, executors, strict=True)))
+    done = await asyncio.gather(*(sql_drain(c, e, token_id, batch) for c, e in zip(conns, executors, strict=True)))
     elapsed = time.perf_counter() - start
     for c in conns:
         await c.close()
+    if not check_end:  # at least: every subtask was completed once
+        assert sum(done) == subtasks, (sum(done), subtasks)
+        await conn.close()
+        return subtasks / elapsed
     # The end state: every subtask done once, the task completed once.
     for row in await conn.fetch("SELECT minion_settle_candidates(100) AS id"):
         await conn.fetchval("SELECT minion_settle_waiting($1)", row["id"])
@@ -535,8 +545,12 @@ class CpuMeter:
     def start(self) -> None:
         self.started = self._now()
 
+    def spent(self) -> dict[str, float]:
+        """CPU seconds by process (group) since start()."""
+        return {name: value - self.started[name] for name, value in self._now().items()}
+
     def report(self, what: str, per: int) -> str:
-        spent = {name: value - self.started[name] for name, value in self._now().items()}
+        spent = self.spent()
         shares = ", ".join(f"{name} {s / per * 1000:.2f}" for name, s in spent.items())
         return f"#   CPU ms per subtask over {what}: {shares} (bench: this process; the executors, in the HTTP arms)"
 
