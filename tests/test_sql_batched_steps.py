@@ -260,11 +260,25 @@ async def test_a_claim_starts_each_task_it_takes_from_once_and_leaves_a_running_
     started = {r["id"]: (r["status"], r["started_at"]) for r in
                await conn.fetch("SELECT id, status, started_at FROM tasks WHERE id = ANY ($1)", [queued, splitting])}
     assert {status for status, at in started.values() if at is not None} == {"running"} and len(started) == 2
-    # A later claim of the running task takes its subtask and leaves the task's row alone.
+    # A later claim of the running task takes its subtask and leaves the task's row alone: it runs no
+    # UPDATE of tasks at all (one that matches no row changes no xmin; a statement trigger still counts
+    # it, as it counted the no-op UPDATE every claim ran before sql/320).
+    await conn.execute("""
+        CREATE FUNCTION test_count_task_updates() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM set_config('minions_test.task_updates',
+                               (coalesce(nullif(current_setting('minions_test.task_updates', true), ''), '0')::int
+                                + 1)::text, false);
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER test_count_task_updates AFTER UPDATE ON tasks
+            FOR EACH STATEMENT EXECUTE FUNCTION test_count_task_updates();
+        SELECT set_config('minions_test.task_updates', '0', false);""")
     before = await conn.fetchval("SELECT xmin::text FROM tasks WHERE id = $1", splitting)
     won = await _claim(conn, ex, token_id, 5)
     assert [(r["task_id"], r["subtask_id"]) for r in won] == [(splitting, 1)]
     assert won[0]["kind"] == "sleep" and won[0]["input_uri"] == "file:///x.jsonl" and won[0]["records"] == 1
     assert await conn.fetchval("SELECT xmin::text FROM tasks WHERE id = $1", splitting) == before
+    assert await conn.fetchval("SELECT current_setting('minions_test.task_updates')") == "0"
     assert await conn.fetchval("SELECT started_at FROM tasks WHERE id = $1", splitting) == started[splitting][1]
     await conn.close()
