@@ -39,18 +39,19 @@ from bench.drain import (  # noqa: E402
     running_services,
     scratch,
     sim_executor,
+    sim_executors,
     sleep_records,
     submit_sleep_task,
 )
 from bench.scratch import scratch_postgres  # noqa: E402
 from minions import runtime  # noqa: E402
-from minions.agents.macos.client import ExecutorClient  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
 from minions.testing.processes import Services  # noqa: E402
 
 
-async def hammer(base: str, path: str, token: str | None, requests: int, clients: int) -> None:
+async def hammer(base: str, path: str, token: str | None, requests: int, clients: int) -> int:
+    """GETs `path` about `requests` times from `clients` sessions; the requests made."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def client(n: int) -> None:
@@ -61,6 +62,7 @@ async def hammer(base: str, path: str, token: str | None, requests: int, clients
                     await response.read()
 
     await asyncio.gather(*(client(requests // clients) for _ in range(clients)))
+    return requests // clients * clients
 
 
 def cpu_us(meter: CpuMeter, requests: int) -> dict[str, float]:
@@ -75,10 +77,7 @@ async def drain_phase(server: EmbeddedPostgres, services: Services, admin_token:
     await submit_sleep_task(services, admin_token, conn, f"floor-{round_}", records)
     await conn.close()
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(ExecutorClient(services.api_url, executor_token))
-                   for _ in range(args.clients)]
-        ids = [(await c.register({"name": f"floor-{round_}-{i}", "hardware": {"os": "bench", "device": "cpu"},
-                                  "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
+        clients, ids = await sim_executors(stack, services, executor_token, args.clients, f"floor-{round_}")
         meter = CpuMeter(server, services)
         done = await asyncio.gather(*(sim_executor(c, e, 0) for c, e in zip(clients, ids, strict=True)))
         assert sum(done) == args.subtasks, (sum(done), args.subtasks)
@@ -98,9 +97,9 @@ async def run(server: EmbeddedPostgres, root: Path, args: argparse.Namespace) ->
             for phase, (path, token) in floors.items():
                 meter = CpuMeter(server, services)
                 started = time.perf_counter()
-                await hammer(services.api_url, path, token, args.requests, args.clients)
-                out[phase].append(cpu_us(meter, args.requests))
-                print(f"run {round_ + 1} {phase:8s} {args.requests / (time.perf_counter() - started):7.0f} req/s, "
+                made = await hammer(services.api_url, path, token, args.requests, args.clients)
+                out[phase].append(cpu_us(meter, made))
+                print(f"run {round_ + 1} {phase:8s} {made / (time.perf_counter() - started):7.0f} req/s, "
                       f"API {out[phase][-1]['api']:.0f} us/request", flush=True)
             out["inline1"].append(await drain_phase(server, services, admin_token, executor_token, args, round_))
             print(f"run {round_ + 1} inline1  API {out['inline1'][-1]['api']:.0f} us/request", flush=True)

@@ -555,6 +555,15 @@ class CpuMeter:
         return f"#   CPU ms per subtask over {what}: {shares} (bench: this process; the executors, in the HTTP arms)"
 
 
+async def sim_executors(stack: contextlib.AsyncExitStack, services: Services, token: str, n: int,
+                        prefix: str) -> tuple[list[ExecutorClient], list[str]]:
+    """`n` simulated sleep executors registered as `prefix`-0.. (clients closed with `stack`), and their ids."""
+    clients = [await stack.enter_async_context(ExecutorClient(services.api_url, token)) for _ in range(n)]
+    ids = [(await c.register({"name": f"{prefix}-{i}", "hardware": {"os": "bench", "device": "cpu"},
+                              "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
+    return clients, ids
+
+
 async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace, batch: int, **env: str) -> float:
     if batch == 1:  # four requests: the input read from its object, not inline (nor kept in the database)
         env["MINIONS_INLINE_INPUT_BYTES"] = env["MINIONS_INPUT_IN_DATABASE_BYTES"] = "0"
@@ -563,10 +572,7 @@ async def http_arm(server: EmbeddedPostgres, url: str, args: argparse.Namespace,
             contextlib.AsyncExitStack() as stack:
         records = sleep_records(args.subtasks, 0)
         task_id = await submit_sleep_task(services, admin_token, conn, "drain", records)
-        clients = [await stack.enter_async_context(ExecutorClient(services.api_url, executor_token))
-                   for _ in range(args.clients)]
-        ids = [(await c.register({"name": f"drain-{i}", "hardware": {"os": "bench", "device": "cpu"},
-                                  "kinds": ["sleep"]})).executor_id for i, c in enumerate(clients)]
+        clients, ids = await sim_executors(stack, services, executor_token, args.clients, "drain")
         await conn.execute("VACUUM ANALYZE")
         meter = CpuMeter(server, services)
         start = time.perf_counter()
