@@ -95,7 +95,14 @@ class Settings:
                                      {API})
     body_min_rate: float = _setting(1024.0, "MINIONS_BODY_MIN_RATE", "slowest request body accepted, bytes/s", {API})
     max_connections_per_ip: int = _setting(256, "MINIONS_MAX_CONNECTIONS_PER_IP",
-                                           "open connections one address may hold (more: 429)", {API})
+                                           "open connections one address may hold, across the API's "
+                                           "workers (more: 429)", {API})
+    # Registration (sql/360_bounded_registration.sql): what one executor token may add to `executors`.
+    max_executors_per_token: int = _setting(1000, "MINIONS_MAX_EXECUTORS_PER_TOKEN",
+                                            "executor names one token may register (more: 403)", {API})
+    registrations_per_minute: int = _setting(60, "MINIONS_REGISTRATIONS_PER_MINUTE",
+                                             "new executor names one token may register a minute (more: 429)",
+                                             {API})
     # The batched executor protocol (docs/API.md, "Executor protocol").
     max_claim: int = _setting(32, "MINIONS_MAX_CLAIM", "most subtasks one claim may ask for (max)", {API})
     inline_input_bytes: int = _setting(64 * 1024, "MINIONS_INLINE_INPUT_BYTES",
@@ -117,7 +124,8 @@ class Settings:
     def validate(self) -> Settings:
         problems = []
         for name in ("heartbeat_interval_s", "long_poll_s", "sweep_interval_s", "listen_probe_s",
-                     "header_timeout_s", "body_timeout_s", "body_min_rate", "max_connections_per_ip"):
+                     "header_timeout_s", "body_timeout_s", "body_min_rate", "max_connections_per_ip",
+                     "max_executors_per_token", "registrations_per_minute"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:

@@ -609,8 +609,15 @@ def _paths() -> dict[str, Schema]:
             "tags": ["executor protocol"],
             "summary": "Register an executor (or update it)",
             "requestBody": _json_body(_ref("ExecutorRegistration"), "The machine and what it serves."),
-            "responses": _responses(_ok(_ref("Registered"), "Registered: its id and the protocol timings.", "201"),
-                                    _AUTHED, _BODY, **lease_errors, e422="Invalid values, each named in `fields`."),
+            "responses": _responses(
+                _ok(_ref("Registered"), "Registered: its id and the protocol timings.", "201"), _AUTHED, _BODY,
+                {"429": {**_error("The token registered `MINIONS_REGISTRATIONS_PER_MINUTE` new executor names in "
+                                  "the last minute (`too_many_registrations`); retry after `Retry-After` seconds."),
+                         "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 1},
+                                                     "required": True}}}},
+                e403="Not an executor token (`wrong_role`), or the token holds "
+                     "`MINIONS_MAX_EXECUTORS_PER_TOKEN` executor names already (`too_many_executors`).",
+                e422="Invalid values, each named in `fields` (a `hardware` over 8,192 bytes of JSON among them)."),
         }},
         "/api/v1/executors/{executor_id}/claim": {
             "parameters": _EXECUTOR_ID,

@@ -85,7 +85,8 @@ ORDER BY subtask_id LIMIT $3;
 SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHERE id = $1;
 
 -- name: register_executor
-SELECT minion_register_executor($1, $2, $3, $4, $5, $6, $7);
+-- verdict, executor_id, retry_after_s (sql/360: bounded per token).
+SELECT * FROM minion_register_executor_bounded($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: lease_info
 SELECT * FROM minion_lease_info($1);

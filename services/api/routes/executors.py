@@ -8,7 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from minions import protocol
+from minions import jsoncodec, protocol
+from minions.config import Settings
 from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
@@ -29,6 +30,9 @@ routes = web.RouteTableDef()
 # Presigned URLs outlive any lease a heartbeating executor can hold in practice; they are keyed per
 # attempt, so a late writer cannot harm a committed result (invariant 4).
 URL_LIFETIME_S = 12 * 3600.0
+# What a machine says of itself at registration; an agent's report (its hardware, the precision of each
+# model it loaded) is a few hundred bytes. Every executor list carries it.
+MAX_HARDWARE_BYTES = 8 * 1024
 
 
 def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -> list[str]:
@@ -80,6 +84,8 @@ async def register(request: web.Request) -> web.Response:
     hardware = body.get("hardware", {})
     if not isinstance(hardware, dict):
         errors["hardware"] = "must be an object"
+    elif len(jsoncodec.dumps(hardware)) > MAX_HARDWARE_BYTES:
+        errors["hardware"] = f"at most {MAX_HARDWARE_BYTES:,} bytes as JSON"
     for key in ("name", "models"):
         if key not in errors and (where := nul_path(body.get(key), key)) is not None:
             errors[where] = NUL_RULE
@@ -93,14 +99,30 @@ async def register(request: web.Request) -> web.Response:
     if errors:
         raise invalid(errors)
     settings = request.app[SETTINGS]
-    executor_id = await request.app[POOL].fetchval(
-        Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs
+    row = await request.app[POOL].fetchrow(
+        Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs,
+        settings.max_executors_per_token, settings.registrations_per_minute,
     )
+    _refuse_registration(row, settings)
+    executor_id = row["executor_id"]
     log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
     return json_response(protocol.to_builtins(protocol.Registered(
         executor_id=str(executor_id), heartbeat_interval_s=settings.heartbeat_interval_s,
         lease_timeout_s=request.app[CLUSTER].lease_timeout_s, long_poll_s=settings.long_poll_s,
         max_claim=settings.max_claim, inline_output_bytes=settings.inline_output_bytes)), 201)
+
+
+def _refuse_registration(row: Any, settings: Settings) -> None:
+    """The error a registration verdict other than 'ok' stands for (sql/360_bounded_registration.sql)."""
+    if row["verdict"] == "too_many_executors":
+        raise forbidden(f"this token holds {settings.max_executors_per_token:,} executor names already, the most "
+                        "one token may register (MINIONS_MAX_EXECUTORS_PER_TOKEN); register again under one of "
+                        "them, or use another token", "too_many_executors")
+    if row["verdict"] == "too_many_registrations":
+        raise ApiError(429, "too_many_registrations",
+                       f"this token registered {settings.registrations_per_minute:,} new executor names in the "
+                       "last minute, the most one token may (MINIONS_REGISTRATIONS_PER_MINUTE); retry after "
+                       f"{row['retry_after_s']} s", headers={"Retry-After": str(row["retry_after_s"])})
 
 
 async def _own_executor(request: web.Request) -> Any:

@@ -1,0 +1,87 @@
+"""Issue 25, item 4: registration is bounded. A `hardware` object is at most a few KB (its JSON), one
+executor token holds at most MINIONS_MAX_EXECUTORS_PER_TOKEN executor names and adds at most
+MINIONS_REGISTRATIONS_PER_MINUTE new ones a minute (429 with Retry-After past it), enforced in the
+database (sql/360_bounded_registration.sql) so that API processes sharing it cannot together exceed a
+bound. Registering a name the token holds again (an agent restarting) stays allowed, past both."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from minions.db.connect import connect
+from minions.services.api.routes.executors import MAX_HARDWARE_BYTES
+from minions.testing.factories import make_token
+from tests.support.api import ApiHarness, Reply, running_api
+
+
+async def _register(api: ApiHarness, name: str, hardware: dict[str, Any] | None = None,
+                    token: str = "executor") -> Reply:
+    return await api.call("POST", "/api/v1/executors/register", token=token, json={
+        "name": name, "hardware": hardware or {"os": "test", "device": "cpu"}, "kinds": ["sleep"]})
+
+
+async def _names(api: ApiHarness) -> list[str]:
+    reply = await api.call("GET", "/api/v1/executors")
+    assert reply.status == 200, reply.body
+    return sorted(e["name"] for e in reply.body["executors"])
+
+
+async def test_a_hardware_object_over_the_cap_is_refused_and_not_stored(database_url: str, tmp_path: Path) -> None:
+    async with running_api(database_url, tmp_path / "store") as api:
+        big = await _register(api, "big", {"os": "test", "junk": "x" * 100_000})
+        assert big.status == 422, big.body
+        assert big.error["fields"]["hardware"] == f"at most {MAX_HARDWARE_BYTES:,} bytes as JSON"
+        just = await _register(api, "fits", {"os": "x" * (MAX_HARDWARE_BYTES - len('{"os":""}'))})
+        assert just.status == 201, just.body
+        assert await _names(api) == ["fits"]
+
+
+async def test_the_defaults_stop_a_flood_of_new_names(database_url: str, tmp_path: Path) -> None:
+    """The issue's probe: 200 names from one token at once. Most are refused with 429, each saying
+    when to come back; the token can still register each name it holds, and another token is free."""
+    async with running_api(database_url, tmp_path / "store") as api:
+        per_minute = api.settings.registrations_per_minute
+        replies = await asyncio.gather(*(_register(api, f"flood-{i}") for i in range(200)))
+        assert sorted({r.status for r in replies}) == [201, 429]
+        assert sum(r.status == 201 for r in replies) == per_minute
+        refused = next(r for r in replies if r.status == 429)
+        assert refused.error["code"] == "too_many_registrations"
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert f"{per_minute:,} new executor names" in refused.error["message"]
+        assert len(await _names(api)) == per_minute
+
+        held = next(i for i, r in enumerate(replies) if r.status == 201)
+        again = await _register(api, f"flood-{held}")  # an agent restarting: same row
+        assert again.status == 201 and again.body["executor_id"] == replies[held].body["executor_id"]
+        conn = await connect(database_url)
+        try:
+            other, _ = await make_token(conn, "executor")
+        finally:
+            await conn.close()
+        assert (await _register(api, "flood-0", token=other)).status == 201
+
+
+async def test_a_token_holds_at_most_its_executors_across_api_processes(database_url: str, tmp_path: Path) -> None:
+    """Two API processes on one database (two apps, each its own pool), 40 new names at once from
+    one token: exactly the cap is registered. Then names it holds register again; new ones are 403."""
+    cap = 10
+    async with AsyncExitStack() as stack:
+        apis = [await stack.enter_async_context(running_api(
+            database_url, tmp_path / "store", max_executors_per_token=cap, registrations_per_minute=1000))
+            for _ in range(2)]
+        token = apis[0].executor  # one token, used through both processes
+        replies = await asyncio.gather(*(_register(apis[i % 2], f"box-{i}", token=token) for i in range(40)))
+        won = [i for i, r in enumerate(replies) if r.status == 201]
+        assert len(won) == cap, [r.status for r in replies]
+        refused = [r for r in replies if r.status != 201]
+        assert {r.status for r in refused} == {403}
+        assert refused[0].error["code"] == "too_many_executors"
+        assert f"{cap:,} executor names" in refused[0].error["message"]
+
+        again = await asyncio.gather(*(_register(apis[i % 2], f"box-{i}", token=token) for i in won))
+        assert [r.status for r in again] == [201] * cap
+        assert (await _register(apis[0], "one-more", token=token)).status == 403
+        assert len(await _names(apis[0])) == cap
