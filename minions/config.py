@@ -68,6 +68,10 @@ class Settings:
                                      "largest output PUT to a local-store URL", {API})
     team_input_quota_bytes: int = _setting(20 * 1024**3, "MINIONS_TEAM_INPUT_QUOTA_BYTES",
                                            "input bytes a team may store (0: no quota)", {API})
+    # OpenAI's API under /v1 (services/api/openai/bounds.py): a request is checked before it is decoded.
+    openai_max_request_bytes: int = _setting(4 * 1024**2, "MINIONS_OPENAI_MAX_REQUEST_BYTES",
+                                             "largest /v1 embeddings or (chat) completions body, and largest "
+                                             "line of a /v1 batch input file", {API})
     gc_grace_s: float = _setting(3600.0, "MINIONS_GC_GRACE_S", "age before unreferenced objects are garbage",
                                  {WATCHDOG})
     gc_interval_s: float = _setting(600.0, "MINIONS_GC_INTERVAL_S", "watchdog's garbage-collection period (0: off)",
@@ -107,6 +111,11 @@ class Settings:
     max_claim: int = _setting(32, "MINIONS_MAX_CLAIM", "most subtasks one claim may ask for (max)", {API})
     inline_input_bytes: int = _setting(64 * 1024, "MINIONS_INLINE_INPUT_BYTES",
                                        "inputs up to this ride inline in a claim's answer (0: never)", {API})
+    # Issue 25 item 3: a lease's input URL works for the lease timeout plus this, renewed by each heartbeat
+    # that finds the lease live (the local store also refuses it once the lease ends; S3 cannot).
+    input_url_margin_s: float = _setting(60.0, "MINIONS_INPUT_URL_MARGIN_S",
+                                         "an input URL outlives its lease's expiry by this (clock skew, a GET "
+                                         "begun at the end)", {API})
     inline_output_bytes: int = _setting(1024 * 1024, "MINIONS_INLINE_OUTPUT_BYTES",
                                         "largest output a complete may carry inline (0: never)", {API})
     # sql/230_results_in_database.sql: a small result is committed in its subtask's row, no object per
@@ -130,7 +139,7 @@ class Settings:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
-        for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes"):
+        for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes", "openai_max_request_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
         if self.result_in_database_bytes > 1024 * 1024:
@@ -141,6 +150,8 @@ class Settings:
             problems.append("MINIONS_INPUT_IN_DATABASE_BYTES must be <= 1048576 (1 MiB)")
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
+        if not 0 <= self.input_url_margin_s <= 86400:
+            problems.append("MINIONS_INPUT_URL_MARGIN_S must be 0 to 86400 (a day)")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",
                      "inline_output_bytes", "retention_days", "compact_interval_s", "result_in_database_bytes",
                      "input_in_database_bytes"):

@@ -13,13 +13,18 @@ from minions import jsoncodec
 from minions.services.api.errors import ApiError, bad_request, invalid
 
 
-async def json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app._client_max_size
-        raise ApiError(413, "too_large", f"request body over {limit:,} bytes; upload large inputs with "
-                                         "POST /api/v1/inputs and submit their uri") from None
+async def json_object(request: web.Request, *, optional: bool = False, limit: int | None = None) -> dict[str, Any]:
+    """The body as a JSON object; `limit`: a route's own cap on its size, below the API's (a body
+    that needs no more is never read, let alone decoded, past it)."""
+    if limit is not None:
+        raw = await _read_within(request, limit)
+    else:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            cap = request.app._client_max_size
+            raise ApiError(413, "too_large", f"request body over {cap:,} bytes; upload large inputs with "
+                                             "POST /api/v1/inputs and submit their uri") from None
     if not raw.strip():
         if optional:
             return {}
@@ -39,6 +44,17 @@ async def json_object(request: web.Request, *, optional: bool = False) -> dict[s
 
 
 MAX_JSON_DEPTH = 64  # no body of the API needs more; orjson writes at most 255
+
+
+async def _read_within(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too_large", f"request body over {limit:,} bytes, the limit of this route")
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, "too_large", f"request body over {limit:,} bytes, the limit of this route")
+    return bytes(body)
 
 
 def nested_deeper_than(value: Any, limit: int) -> bool:

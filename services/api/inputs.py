@@ -48,7 +48,7 @@ def quota_exceeded(team: str | None, used: int, quota: int) -> TooLarge:
     owner = f"team {team}" if team else "unscoped uploads"
     return TooLarge("quota_exceeded",
                     f"{owner} stores {used:,} of its {quota:,}-byte input quota (MINIONS_TEAM_INPUT_QUOTA_BYTES); "
-                    "this input does not fit: delete finished tasks or ask an operator for more")
+                    "this input does not fit: delete finished tasks (or /v1 files) or ask an operator for more")
 
 
 async def upload_cap(pool: asyncpg.Pool, settings: Settings, team: str | None,

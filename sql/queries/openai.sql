@@ -3,6 +3,10 @@
 -- name: add_file
 SELECT minion_openai_add_file($1, $2, $3, $4, $5, $6, $7);
 
+-- name: add_file_within_quota
+-- 'ok', or 'quota_exceeded' (nothing recorded): $8 is the team's input quota (sql/340).
+SELECT minion_openai_add_file($1, $2, $3, $4, $5, $6, $7, $8);
+
 -- name: file_by_id
 SELECT id, team::text AS team, purpose, filename, bytes, uri, created_at
 FROM openai_files WHERE id = $1 AND deleted_at IS NULL;
@@ -85,3 +89,7 @@ SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
 
 -- name: cancel_task
 SELECT minion_cancel_task($1);
+
+-- name: team_input_bytes
+-- Input bytes team $1 stores (what its quota is measured against).
+SELECT minion_team_input_bytes($1);

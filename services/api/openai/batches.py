@@ -12,14 +12,15 @@ from minions.db.queries import Queries
 from minions.kinds import DEFAULT_SUBTASK_SIZE
 from minions.logging import get_logger
 from minions.names import is_name
-from minions.services.api.appkeys import CLUSTER, POOL, STORE
+from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
 from minions.services.api.errors import conflict, invalid, not_found
+from minions.services.api.nul import NUL_RULE
 from minions.services.api.openai.files import file_row
 from minions.services.api.openai.finalize import settle
-from minions.services.api.openai.lines import batched, lines_of
-from minions.services.api.openai.objects import batch_object, team_scope, visible
+from minions.services.api.openai.lines import batched, bounded_lines
+from minions.services.api.openai.objects import batch_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
 from minions.services.api.openai.validate import InputCheck
 from minions.services.api.responses import json_response
@@ -31,6 +32,8 @@ DEFAULT_TEAM = "openai"  # for a token scoped to no team, unless metadata names 
 DEFAULT_PROJECT = "openai"
 WINDOW = re.compile(r"([0-9]{1,6})(h|m|s)")
 MAX_WINDOW_S = 7 * 24 * 3600
+# A batch's body is a few ids and at most 16 metadata values: nothing bigger is read, let alone decoded.
+MAX_BODY_BYTES = 64 * 1024
 
 
 def _window_s(value: Any) -> float | None:
@@ -69,7 +72,7 @@ def _team_and_project(principal: Principal, metadata: dict[str, str]) -> tuple[s
 @routes.post("/v1/batches")
 async def create_batch(request: web.Request) -> web.Response:
     principal = require(request, "user")
-    body = await json_object(request)
+    body = await json_object(request, limit=MAX_BODY_BYTES)
     problems = {}
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINT_KIND:
@@ -79,6 +82,8 @@ async def create_batch(request: web.Request) -> web.Response:
         problems["completion_window"] = "must be a duration such as 24h, 90m or 30s (at most 168h)"
     if not isinstance(body.get("input_file_id"), str):
         problems["input_file_id"] = "is required"
+    elif "\x00" in body["input_file_id"]:
+        problems["input_file_id"] = NUL_RULE
     if (problem := _metadata_problem(body.get("metadata"))) is not None:
         problems["metadata"] = problem
     unknown = sorted(set(body) - {"input_file_id", "endpoint", "completion_window", "metadata"})
@@ -95,9 +100,10 @@ async def create_batch(request: web.Request) -> web.Response:
 
     pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     batch_id = new_id("batch_")
-    check = InputCheck(endpoint)
-    input_uri, _ = await store.put_stream(f"inputs/openai/{batch_id}.jsonl",
-                                          batched(check.records(lines_of(store.read(source["uri"])))))
+    max_line = request.app[SETTINGS].openai_max_request_bytes
+    check = InputCheck(endpoint, max_line)
+    lines = bounded_lines(store.read(source["uri"]), max_line)
+    input_uri, _ = await store.put_stream(f"inputs/openai/{batch_id}.jsonl", batched(check.records(lines)))
     kind = ENDPOINT_KIND[endpoint]
     if check.requests == 0:
         check.error(1, "empty_file", "the input file holds no requests")
@@ -124,6 +130,8 @@ async def create_batch(request: web.Request) -> web.Response:
 
 async def _batch_row(request: web.Request, principal: Principal) -> Any:
     batch_id = request.match_info["batch_id"]
+    if "\x00" in batch_id:
+        raise not_found(f"batch {batch_id!r}")  # no id holds one (and the database takes none)
     pool = request.app[POOL]
     row = await pool.fetchrow(Q.batch_by_id, batch_id)
     if row is None or not visible(principal, row["team"]):
@@ -159,7 +167,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
 async def list_batches(request: web.Request) -> web.Response:
     principal = require(request, "user")
     limit = query_int(request, "limit", 20, 1, 100)
-    rows = await request.app[POOL].fetch(Q.list_batches, team_scope(principal), request.query.get("after") or None,
+    rows = await request.app[POOL].fetch(Q.list_batches, team_scope(principal), query_text(request, "after"),
                                          limit + 1)
     data = [batch_object(r) for r in rows[:limit]]
     return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

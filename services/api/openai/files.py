@@ -1,5 +1,6 @@
-"""/v1/files: upload (multipart, streamed to the store, never held in memory), list, show, content,
-delete."""
+"""/v1/files: upload (multipart, streamed to the store, never held in memory; within the size cap and
+the team's input quota of POST /api/v1/inputs), list, show, content, delete (which gives the quota
+its bytes back)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import POOL, STORE
+from minions.services.api import inputs
+from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, invalid, not_found
-from minions.services.api.openai.objects import file_object, team_scope, visible
+from minions.services.api.nul import without_nul
+from minions.services.api.openai.objects import file_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import new_id
 from minions.services.api.responses import json_response
 
@@ -23,9 +27,13 @@ log = get_logger(__name__)
 routes = web.RouteTableDef()
 PURPOSES = ("batch",)  # what clients upload; outputs are written as "batch_output"
 CHUNK = 1 << 20
+MULTIPART_OVERHEAD = 64 * 1024  # a body's bytes besides the file's: boundaries, part headers, purpose
+SHORT_FIELD = 64
 
 
 async def file_row(request: web.Request, principal: Principal, file_id: str) -> Any:
+    if "\x00" in file_id:
+        raise not_found(f"file {file_id!r}")  # no id holds one (and the database takes none)
     row = await request.app[POOL].fetchrow(Q.file_by_id, file_id)
     if row is None or not visible(principal, row["team"]):
         raise not_found(f"file {file_id}")  # other teams' files do not exist for you
@@ -34,26 +42,32 @@ async def file_row(request: web.Request, principal: Principal, file_id: str) -> 
 
 @routes.post("/v1/files")
 async def upload_file(request: web.Request) -> web.Response:
+    """Streamed to the store, counted as it comes: a file over MINIONS_MAX_INPUT_BYTES or over the
+    team's input quota is cut off (413) and nothing is kept, as with POST /api/v1/inputs."""
     principal = require(request, "user")
-    if not request.content_type.startswith("multipart/"):
+    if request.content_type != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data with fields purpose and file")
-    store, pool = request.app[STORE], request.app[POOL]
-    reader = await request.multipart()
+    store, pool, settings = request.app[STORE], request.app[POOL], request.app[SETTINGS]
+    cap, over = await inputs.upload_cap(pool, settings, principal.team, None)
+    if request.content_length is not None and request.content_length > cap + MULTIPART_OVERHEAD:
+        raise over  # refused before a byte is stored
     purpose: str | None = None
     stored: tuple[str, int, str] | None = None  # uri, bytes, filename
     file_id = new_id("file-")
     try:
+        reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 continue
             if part.name == "purpose":
-                purpose = (await part.text()).strip()
+                purpose = await _short_text(part)
             elif part.name == "file" and stored is None:
-                uri, size = await store.put_stream(f"openai/files/{file_id}.jsonl", _chunks(part))
+                chunks = inputs.capped(_chunks(part), cap, over)
+                uri, size = await store.put_stream(f"openai/files/{file_id}.jsonl", chunks)
                 stored = (uri, size, part.filename or "upload.jsonl")
             else:
                 await part.release()
-    except ValueError as exc:  # a malformed multipart body
+    except (ValueError, AssertionError, HttpProcessingError) as exc:  # a malformed multipart body
         if stored is not None:
             await store.delete(stored[0])
         raise ApiError(400, "malformed_body", f"malformed multipart body: {exc}") from None
@@ -70,10 +84,27 @@ async def upload_file(request: web.Request) -> web.Response:
         raise invalid(problems)
     assert stored is not None and purpose is not None
     uri, size, filename = stored
-    await pool.execute(Q.add_file, file_id, principal.team, purpose, filename[:512], size, uri,
-                       principal.token_id)
+    # A file name is informational: kept, made storable (PostgreSQL text holds neither NUL nor
+    # unpaired surrogates).
+    filename = without_nul(filename).encode("utf-8", "replace").decode("utf-8")[:512]
+    verdict = await pool.fetchval(Q.add_file_within_quota, file_id, principal.team, purpose, filename, size, uri,
+                                  principal.token_id, settings.team_input_quota_bytes)
+    if verdict != "ok":  # a concurrent upload took the room meanwhile
+        await store.delete(uri)
+        used = int(await pool.fetchval(Q.team_input_bytes, principal.team))
+        raise inputs.quota_exceeded(principal.team, used, settings.team_input_quota_bytes)
     log.info("openai_file_uploaded", file_id=file_id, bytes=size)
     return json_response(file_object(await pool.fetchrow(Q.file_by_id, file_id)))
+
+
+async def _short_text(part: BodyPartReader) -> str:
+    """A form field's text, read no further than SHORT_FIELD bytes (a field that says `batch` never
+    needs more; a longer one is refused as not `batch` without being held)."""
+    data = b""
+    while len(data) <= SHORT_FIELD and (chunk := await part.read_chunk(SHORT_FIELD + 1 - len(data))):
+        data += chunk
+    await part.release()
+    return data.decode("utf-8", "replace").strip()
 
 
 async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
@@ -85,8 +116,8 @@ async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
 async def list_files(request: web.Request) -> web.Response:
     principal = require(request, "user")
     limit = query_int(request, "limit", 10000, 1, 10000)
-    rows = await request.app[POOL].fetch(Q.list_files, team_scope(principal), request.query.get("purpose") or None,
-                                         request.query.get("after") or None, limit + 1)
+    rows = await request.app[POOL].fetch(Q.list_files, team_scope(principal), query_text(request, "purpose"),
+                                         query_text(request, "after"), limit + 1)
     data = [file_object(r) for r in rows[:limit]]
     return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                           "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})

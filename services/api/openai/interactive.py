@@ -17,10 +17,10 @@ from aiohttp import web
 from minions import jsoncodec
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import CLUSTER, POOL, STORE, WAITERS
+from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import require
-from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, invalid
+from minions.services.api.openai.bounds import MAX_INPUTS, read_request
 from minions.services.api.openai.lines import lines_of
 from minions.services.api.openai.translate import ENDPOINT_KIND, LineError, new_id, parse_body, response_body
 from minions.services.api.responses import json_response
@@ -75,13 +75,14 @@ def _unavailable(message: str) -> ApiError:
 
 async def _answer(request: web.Request, endpoint: str) -> web.Response:
     principal = require(request, "user")
-    body = await json_object(request)
+    # Bounded in bytes, values and inputs before it is decoded (bounds.py).
+    body = await read_request(request, request.app[SETTINGS].openai_max_request_bytes, endpoint)
     try:
         parsed = parse_body(body, endpoint, "", "0")
     except LineError as exc:
         raise invalid({exc.param or "body": exc.message}) from None
-    if endpoint == "/v1/embeddings" and len(parsed.records) > 2048:
-        raise invalid({"input": "at most 2048 inputs per request"})
+    if endpoint == "/v1/embeddings" and len(parsed.records) > MAX_INPUTS:
+        raise invalid({"input": f"at most {MAX_INPUTS} inputs per request"})
     pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]

@@ -5,7 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from aiohttp import web
+
 from minions.services.api.auth import Principal
+from minions.services.api.errors import invalid
+from minions.services.api.nul import NUL_RULE
 
 
 def unix(value: datetime | None) -> int | None:
@@ -20,6 +24,15 @@ def team_scope(principal: Principal) -> str | None:
 def visible(principal: Principal, team: str | None) -> bool:
     scope = team_scope(principal)
     return scope is None or team == scope
+
+
+def query_text(request: web.Request, name: str) -> str | None:
+    """A text query parameter (an id, a purpose) the database will be asked about; None when absent
+    or empty. 422 for one holding NUL, which no stored text holds (and PostgreSQL refuses)."""
+    value = request.query.get(name) or None
+    if value is not None and "\x00" in value:
+        raise invalid({name: NUL_RULE})
+    return value
 
 
 def file_object(row: Any) -> dict[str, Any]:

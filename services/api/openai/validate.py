@@ -1,5 +1,6 @@
 """A batch's input file, checked line by line and translated into its task's records as it streams
-(constant memory but for the set of custom_ids)."""
+(constant memory but for the set of custom_ids). A line is bounded before it is decoded (bounds.py):
+in bytes (MINIONS_OPENAI_MAX_REQUEST_BYTES, `line_too_long`), in JSON values and in inputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minions import jsoncodec
+from minions.services.api.openai.bounds import SETTING, scan
+from minions.services.api.openai.lines import Overlong
 from minions.services.api.openai.translate import MAX_ERRORS, LineError, parse_request_line
 
 
@@ -16,6 +19,7 @@ class InputCheck:
     """Feeds `records()` the input's lines; afterwards holds the batch's model, params, counts and
     errors (`[{"code", "message", "param", "line"}]`, the first MAX_ERRORS of them)."""
     endpoint: str
+    max_line: int
     model: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     requests: int = 0
@@ -31,17 +35,23 @@ class InputCheck:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append({"code": code, "message": message, "param": param, "line": line_no})
 
-    async def records(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def records(self, lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[bytes]:
         """The task's JSONL records for the input's good lines. The first record of each request
         carries `openai`: its custom_id, its number of records and what the response needs of its
         body, so the output is built from the task alone (the input file may be deleted meanwhile)."""
         line_no = 0
         async for line in lines:
             line_no += 1
+            if isinstance(line, Overlong):
+                self.requests += 1
+                self.error(line_no, "line_too_long", f"the line is {line.length:,} bytes, over the limit of "
+                                                     f"{self.max_line:,} ({SETTING})")
+                continue
             if not line.strip():
                 continue
             self.requests += 1
             try:
+                scan(line, self.endpoint, within="body")
                 request = parse_request_line(line, line_no, self.endpoint)
             except LineError as exc:
                 self.error(line_no, exc.code, exc.message, exc.param)

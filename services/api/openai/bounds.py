@@ -1,0 +1,113 @@
+"""How much of a /v1 request the API will decode, checked before any of it becomes Python objects.
+
+A decoded JSON value costs far more than its text (`["a", "a", ...]`: about 15 times as list items,
+about 70 times once translated into records), so a body is bounded twice: in bytes
+(MINIONS_OPENAI_MAX_REQUEST_BYTES: an interactive body, or one line of a batch input file) and in
+values. ijson's event stream (C backend, constant memory) counts the values, and the inputs of an
+embeddings request, and stops at the first one past a limit; only a request within both is decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ijson
+from aiohttp import web
+
+from minions import jsoncodec
+from minions.services.api.bodies import MAX_JSON_DEPTH
+from minions.services.api.errors import ApiError, bad_request, invalid
+from minions.services.api.inline_records import BufferReader
+from minions.services.api.openai.translate import LineError
+
+MAX_INPUTS = 2048  # per embeddings request, as OpenAI's
+MAX_VALUES = 100_000  # JSON values (strings, numbers, objects, arrays...) per request: ~10 MB decoded
+THREAD_ABOVE = 1 << 20  # bodies larger than this are scanned and decoded in a thread
+SETTING = "MINIONS_OPENAI_MAX_REQUEST_BYTES"
+_CLOSE = frozenset({"end_map", "end_array"})
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"request body over {limit:,} bytes ({SETTING}); send more inputs as "
+                                      "several requests, or as a batch (POST /v1/files, POST /v1/batches)")
+
+
+async def read_request(request: web.Request, limit: int, endpoint: str) -> dict[str, Any]:
+    """The JSON object body of an interactive /v1 request: 413 past `limit` bytes (refused on its
+    Content-Length before a byte is read), 400 when it is not JSON or too deep, 422 past MAX_INPUTS
+    or MAX_VALUES; decoded only once it is within them."""
+    raw = await read_bounded(request, limit)
+    if not raw.strip():
+        raise bad_request("request body is empty; a JSON object is required")
+    if len(raw) > THREAD_ABOVE:
+        return await asyncio.to_thread(_decode, raw, endpoint)
+    return _decode(raw, endpoint)
+
+
+async def read_bounded(request: web.Request, limit: int) -> bytearray:
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    return body
+
+
+def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
+    try:
+        scan(raw, endpoint)
+    except LineError as exc:
+        if exc.code == "too_deep":
+            raise bad_request(exc.message, "too_deep") from None
+        raise invalid({(exc.param or "body").removeprefix("body."): exc.message}) from None
+    try:
+        value = jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
+    if not isinstance(value, dict):
+        raise bad_request("request body must be a JSON object")
+    return value
+
+
+def scan(raw: bytes | bytearray, endpoint: str, inputs_at: str = "input", within: str | None = None) -> None:
+    """LineError unless `raw` is JSON within MAX_JSON_DEPTH levels and MAX_VALUES values, with at most
+    MAX_INPUTS items in the array `inputs_at` of the object at key `within` (None: the top level) when
+    `endpoint` is /v1/embeddings. Nothing is kept: memory stays constant whatever the body holds."""
+    depth = 0
+    values = 0
+    inputs = 0
+    counting_at = -1  # the depth of the items being counted (-1: none)
+    key_at: dict[int, str] = {}  # the last key seen in the object open at each depth
+    embeddings = endpoint == "/v1/embeddings"
+    target_depth = 1 if within is None else 2
+    try:
+        for event, value in ijson.basic_parse(BufferReader(memoryview(raw)), use_float=True):
+            if event == "map_key":
+                key_at[depth] = value
+                continue
+            if event in _CLOSE:
+                if depth == counting_at:
+                    counting_at = -1
+                depth -= 1
+                continue
+            values += 1
+            if values > MAX_VALUES:
+                raise LineError("too_many_values", f"more than {MAX_VALUES:,} JSON values in one request", "body")
+            if depth == counting_at:
+                inputs += 1
+                if inputs > MAX_INPUTS:
+                    raise LineError("invalid_request", f"at most {MAX_INPUTS} inputs per request", "body.input")
+            if event in ("start_map", "start_array"):
+                depth += 1
+                key_at.pop(depth, None)
+                if depth > MAX_JSON_DEPTH:
+                    raise LineError("too_deep", f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "body")
+                if (embeddings and event == "start_array" and depth == target_depth + 1
+                        and key_at.get(target_depth) == inputs_at
+                        and (within is None or key_at.get(1) == within)):
+                    counting_at, inputs = depth, 0
+    except ijson.JSONError:
+        return  # the decoder says what is wrong: it stops where this did, within the bounds above
