@@ -52,7 +52,10 @@ TEXTS = [*_VARIED, *_SIMILAR]
 
 @pytest.fixture(scope="module")
 def runner() -> EmbeddingRunner:
-    return EmbeddingRunner(TorchSettings(device="cpu", threads=2))
+    # fp32, not auto: these tests compare vectors with sentence-transformers' fp32 ones at tolerances
+    # only fp32 meets, and auto picks bf16 on a CPU that computes it natively (Intel AMX, AMD Zen 4).
+    # What auto picks, and that its pick stays within the gate, is tested below with both answers.
+    return EmbeddingRunner(TorchSettings(device="cpu", threads=2, precision="fp32"))
 
 
 @pytest.fixture(scope="module")
@@ -142,29 +145,96 @@ async def test_cancel_waits_for_the_worker_thread_to_stop(runner: EmbeddingRunne
 # -- precision and batch size per device -------------------------------------------------------
 
 
-def test_the_fastest_precision_within_the_gate_wins() -> None:
+def _figures(cosine: float, ms: float, speed_up: float, won: float) -> dict[str, float]:
+    return {"cosine": cosine, "ms": ms, "speed_up": speed_up, "won": won}
+
+
+def test_the_fastest_clearly_faster_precision_within_the_gate_wins() -> None:
     from minions.agents.macos.runners.precision import select
 
-    fp32 = {"cosine": 1.0, "ms": 100.0}
+    fp32 = _figures(1.0, 100.0, 1.0, 0.0)
     assert select({"fp32": fp32}, 0.9999) == "fp32"
-    assert select({"fp32": fp32, "bf16": {"cosine": 0.99995, "ms": 50.0}}, 0.9999) == "bf16"
-    assert select({"fp32": fp32, "bf16": {"cosine": 0.9998, "ms": 50.0}}, 0.9999) == "fp32"  # the gate
-    assert select({"fp32": fp32, "bf16": {"cosine": 0.99999, "ms": 99.0}}, 0.9999) == "fp32"  # no real gain
-    both = {"fp32": fp32, "fp16": {"cosine": 0.99999, "ms": 40.0}, "bf16": {"cosine": 0.99995, "ms": 30.0}}
+    assert select({"fp32": fp32, "bf16": _figures(0.99995, 50.0, 2.0, 1.0)}, 0.9999) == "bf16"
+    assert select({"fp32": fp32, "bf16": _figures(0.9998, 50.0, 2.0, 1.0)}, 0.9999) == "fp32"  # the gate
+    assert select({"fp32": fp32, "bf16": _figures(0.99999, 95.0, 1.05, 1.0)}, 0.9999) == "fp32"  # no clear gain
+    # Faster in the median, but not in enough of the rounds: noise, not a speed-up.
+    assert select({"fp32": fp32, "bf16": _figures(0.99999, 60.0, 1.6, 0.5)}, 0.9999) == "fp32"
+    both = {"fp32": fp32, "fp16": _figures(0.99999, 40.0, 2.5, 1.0), "bf16": _figures(0.99995, 30.0, 3.3, 1.0)}
     assert select(both, 0.9999) == "bf16"
-    assert select({**both, "bf16": {"cosine": 0.999, "ms": 30.0}}, 0.9999) == "fp16"
+    assert select({**both, "bf16": _figures(0.999, 30.0, 3.3, 1.0)}, 0.9999) == "fp16"
 
 
-async def test_auto_precision_and_batch_size_are_chosen_at_load(runner: EmbeddingRunner) -> None:
-    from minions.agents.macos.runners.precision import cpu_has_native_bf16
+def test_one_slow_round_does_not_flip_the_choice() -> None:
+    """The issue's flip: fp32 and bf16 equal (about 50 ms), one fp32 round slowed to 111 ms by a busy
+    neighbour. Timed in alternating rounds and judged on the paired ratios, fp32 stays."""
+    from minions.agents.macos.runners.precision import MIN_ROUNDS, select, summarize, time_alternating
 
-    await runner.run(subtask("embedding", MODEL), [{"id": 1, "text": "warm"}])
-    (choice,) = [c for c in runner.precision_choices() if c.model == MODEL]
+    now = [0.0]
+    order: list[str] = []
+    cost = {"fp32": [50.0, 111.0, 51.0, 49.0, 50.0, 52.0, 50.0, 49.0], "bf16": [49.0, 48.0, 50.0, 51.0, 49.0,
+                                                                                50.0, 48.0, 50.0]}
+    calls = {"fp32": -1, "bf16": -1}  # the first call of each is the warm-up
+
+    def run(name: str) -> None:
+        order.append(name)
+        calls[name] += 1
+        now[0] += cost[name][max(calls[name] - 1, 0) % len(cost[name])] / 1000
+
+    times = time_alternating({"fp32": lambda: run("fp32"), "bf16": lambda: run("bf16")}, clock=lambda: now[0])
+    assert len(times["fp32"]) == len(times["bf16"]) >= MIN_ROUNDS
+    # Warm-ups, then rounds in alternating order: forward, reversed, forward ...
+    assert order[:6] == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32"]
+    measured = {name: {"cosine": 1.0 if name == "fp32" else 0.99999, **figures}
+                for name, figures in summarize(times).items()}
+    assert measured["bf16"]["won"] < 0.5 and measured["bf16"]["speed_up"] < 1.1
+    assert select(measured, 0.9999) == "fp32"
+    # A real 2x speed-up in every round is kept.
+    cost["bf16"] = [25.0]
+    calls.update(fp32=-1, bf16=-1)
+    times = time_alternating({"fp32": lambda: run("fp32"), "bf16": lambda: run("bf16")}, clock=lambda: now[0])
+    measured = {name: {"cosine": 1.0 if name == "fp32" else 0.99999, **figures}
+                for name, figures in summarize(times).items()}
+    assert select(measured, 0.9999) == "bf16"
+
+
+def test_native_bf16_can_be_stated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minions.agents.macos.runners.precision import NATIVE_BF16_ENV, candidates, cpu_has_native_bf16
+
+    monkeypatch.setenv(NATIVE_BF16_ENV, "1")
+    assert cpu_has_native_bf16() and candidates("cpu", None) == ["bf16"]
+    monkeypatch.setenv(NATIVE_BF16_ENV, "0")
+    assert not cpu_has_native_bf16() and candidates("cpu", None) == []
+    monkeypatch.setenv(NATIVE_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 1 or 0"):
+        cpu_has_native_bf16()
+
+
+@pytest.mark.parametrize("native_bf16", ["1", "0"], ids=["bf16-native", "bf16-absent"])
+async def test_auto_precision_and_batch_size_are_chosen_at_load(native_bf16: str, monkeypatch: pytest.MonkeyPatch,
+                                                               reference: np.ndarray) -> None:
+    """On either kind of CPU (bf16 in hardware or not: stated through MINIONS_NATIVE_BF16, so both run on
+    every machine) auto chooses a precision within the gate, fp32 unless bf16 is clearly faster."""
+    from minions.agents.macos.runners.precision import MIN_SPEED_UP, NATIVE_BF16_ENV
+
+    monkeypatch.setenv(NATIVE_BF16_ENV, native_bf16)
+    auto = EmbeddingRunner(TorchSettings(device="cpu", threads=2))
+    try:
+        out = await auto.run(subtask("embedding", MODEL, {}, len(TEXTS)), records())
+        assert auto._loaded is not None and auto._loaded.batch_size >= 8
+    finally:
+        await auto.aclose()
+    (choice,) = [c for c in auto.precision_choices() if c.model == MODEL]
     assert choice.setting == "auto" and choice.device == "cpu" and choice.cosine >= 0.9999
-    # bf16 is only tried where the CPU computes it natively; emulated it is slower than fp32.
-    assert choice.precision in (("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",))
-    assert runner._loaded is not None and runner._loaded.batch_size >= 8
     assert choice.to_json()["precision"] == choice.precision
+    if native_bf16 == "0":  # emulated bf16 is slower than fp32: never even tried
+        assert choice.precision == "fp32" and set(choice.measured) == set()
+    else:
+        assert set(choice.measured) == {"fp32", "bf16"} and choice.measured["bf16"]["rounds"] >= 7
+        assert choice.precision == "bf16" or choice.measured["bf16"]["speed_up"] < MIN_SPEED_UP \
+            or choice.measured["bf16"]["won"] < 0.75
+    got = np.asarray([o["embedding"] for o in out])
+    cosine = np.sum(got * reference, axis=1)
+    assert cosine.min() >= 0.999  # within the gate's reach of fp32 whichever precision won
 
 
 async def test_forced_bf16_is_used_and_its_cosine_measured(reference: np.ndarray) -> None:

@@ -4,7 +4,14 @@ At model load the embedding runner embeds a fixed probe batch in fp32 and in eac
 this device supports natively (bf16 on CPUs with AVX512-BF16 or AMX, fp16 on MPS and CUDA, bf16 on
 CUDA where supported), times each, and keeps the fastest whose vectors stay at cosine >= a gate
 (0.9999 by default) to fp32's; otherwise fp32. A precision the device only emulates is never tried:
-it is slower than fp32 (bf16 on an AVX2 CPU is), so it could only lose.
+it is slower than fp32 (bf16 on an AVX2 CPU is), so it could only lose. MINIONS_NATIVE_BF16=1 or 0
+overrides what /proc/cpuinfo says (a VM that hides the flag, or a test of either kind of machine).
+
+The timing must not flip on one noisy sample (a busy neighbour once made fp32 read 111 ms against
+bf16's 49 on a machine where the two are equal): the variants are timed in alternating rounds (the
+order reversed every round, so drift hits both alike), for at least MIN_ROUNDS rounds and until each
+has run PROBE_BUDGET_S, and a faster precision is kept only if it beats fp32 by MIN_SPEED_UP in the
+median of the rounds' ratios *and* in at least MIN_WON_SHARE of the rounds. Otherwise fp32 stays.
 
 How a precision is applied: on CPU, bf16 runs under autocast (matmuls in bf16, layer norms and
 softmax in fp32, the weights stay fp32); on GPUs the weights are cast (fp16/bf16 kernels are what
@@ -14,6 +21,8 @@ makes them fast).
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import platform
 import statistics
 import time
@@ -29,8 +38,13 @@ log = get_logger(__name__)
 PRECISIONS = ("fp32", "bf16", "fp16")
 PRECISION_SETTINGS = ("auto", *PRECISIONS)
 DEFAULT_MIN_COSINE = 0.9999
-# A faster precision must beat fp32 by this much to be worth any loss of accuracy at all.
-MIN_SPEED_UP = 1.05
+# A faster precision must beat fp32 by this much (median of the paired rounds' ratios) to be worth
+# any loss of accuracy at all, and in at least this share of the rounds (one lucky round is noise).
+MIN_SPEED_UP = 1.15
+MIN_WON_SHARE = 0.75
+MIN_ROUNDS, MAX_ROUNDS = 7, 25
+PROBE_BUDGET_S = 0.5  # per variant: short probes on a GPU get more rounds, not a longer load
+NATIVE_BF16_ENV = "MINIONS_NATIVE_BF16"
 
 # Varied on purpose (lengths, scripts, code, numbers): the gate must hold on more than prose.
 PROBE_TEXTS = (
@@ -55,7 +69,13 @@ PROBE_TEXTS = (
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 in hardware (x86 AVX512-BF16 or AMX-BF16)."""
+    """Whether this CPU computes bf16 in hardware (x86 AVX512-BF16 or AMX-BF16); MINIONS_NATIVE_BF16
+    (1 or 0) overrides the answer."""
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if forced in ("1", "0"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{NATIVE_BF16_ENV} must be 1 or 0, not {forced!r}")
     if platform.system() != "Linux":
         return False  # macOS runs torch work on MPS; its CPU path is not worth a bf16 probe
     try:
@@ -171,27 +191,73 @@ def choose(
         _log(choice, "no faster precision on this device")
         return fp32, choice
     variants = {"fp32": fp32}
-    measured: dict[str, dict[str, float]] = {"fp32": {"cosine": 1.0, "ms": _time(lambda: embed(fp32, texts), stop)}}
+    measured: dict[str, dict[str, float]] = {"fp32": {"cosine": 1.0}}
     for name in tried:
         if stop is not None:
             stop()
         precise = variants[name] = apply(torch, model, device, name)
-        cosine = min_row_cosine(torch, embed(precise, texts), reference)
-        measured[name] = {"cosine": cosine, "ms": _time(lambda p=precise: embed(p, texts), stop)}  # type: ignore[misc]
+        measured[name] = {"cosine": min_row_cosine(torch, embed(precise, texts), reference)}
+    timings = time_alternating({name: (lambda p=p: embed(p, texts)) for name, p in variants.items()}, stop)
+    for name, figures in summarize(timings).items():
+        measured[name].update(figures)
     best = select(measured, min_cosine)
     choice = Choice(model_name, device, best, measured[best]["cosine"], setting, measured)
-    _log(choice, "fastest within the gate" if best != "fp32" else "no faster precision within the gate")
+    _log(choice, "fastest within the gate" if best != "fp32" else "no clearly faster precision within the gate")
     return variants[best], choice
 
 
 def select(measured: dict[str, dict[str, float]], min_cosine: float) -> str:
-    """The fastest precision whose cosine to fp32 is >= min_cosine and that beats fp32 by
-    MIN_SPEED_UP; fp32 when none does. `measured`: per precision, its cosine and ms."""
-    best, best_ms = "fp32", measured["fp32"]["ms"] / MIN_SPEED_UP
+    """The fastest precision whose cosine to fp32 is >= min_cosine and that beats fp32 clearly (its
+    `speed_up`, the median of the rounds' fp32/its ratios, >= MIN_SPEED_UP, and faster by that margin
+    in a `won` share >= MIN_WON_SHARE of the rounds); fp32 when none does. `measured`: per precision,
+    its cosine, median ms, speed_up and won (see summarize)."""
+    best, best_ms = "fp32", math.inf
     for name, figures in measured.items():
-        if name != "fp32" and figures["cosine"] >= min_cosine and figures["ms"] <= best_ms:
+        if name == "fp32" or figures["cosine"] < min_cosine:
+            continue
+        clear = figures["speed_up"] >= MIN_SPEED_UP and figures["won"] >= MIN_WON_SHARE
+        if clear and figures["ms"] < best_ms:
             best, best_ms = name, figures["ms"]
     return best
+
+
+def time_alternating(runs: dict[str, Callable[[], Any]], stop: Callable[[], None] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Milliseconds of each run per round, after one warm-up call each. Rounds alternate the order
+    (forward, then reversed) so that a load that comes and goes weighs on every variant alike; there
+    are at least MIN_ROUNDS and, while any variant has run less than PROBE_BUDGET_S, up to MAX_ROUNDS."""
+    names = list(runs)
+    for name in names:
+        if stop is not None:
+            stop()
+        runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(MAX_ROUNDS):
+        if index >= MIN_ROUNDS and min(sum(t) for t in times.values()) >= PROBE_BUDGET_S * 1000:
+            break
+        for name in names if index % 2 == 0 else reversed(names):
+            if stop is not None:
+                stop()
+            started = clock()
+            runs[name]()
+            times[name].append((clock() - started) * 1000)
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per variant: its median ms, its speed_up over fp32 (the median of the rounds' fp32 / its ms)
+    and the share of rounds it `won` (faster than fp32 by MIN_SPEED_UP in that round)."""
+    fp32 = times["fp32"]
+    out: dict[str, dict[str, float]] = {}
+    for name, ms in times.items():
+        ratios = [base / max(own, 1e-9) for base, own in zip(fp32, ms, strict=True)]
+        out[name] = {
+            "ms": round(statistics.median(ms), 3),
+            "speed_up": round(statistics.median(ratios), 3),
+            "won": round(sum(r >= MIN_SPEED_UP for r in ratios) / len(ratios), 3),
+            "rounds": len(ms),
+        }
+    return out
 
 
 def min_row_cosine(torch: Any, vectors: Any, reference: Any) -> float:
@@ -199,19 +265,6 @@ def min_row_cosine(torch: Any, vectors: Any, reference: Any) -> float:
     a = torch.nn.functional.normalize(vectors.float(), dim=1)
     b = torch.nn.functional.normalize(reference.float(), dim=1)
     return float((a * b).sum(dim=1).min())
-
-
-def _time(run: Callable[[], Any], stop: Callable[[], None] | None, repeats: int = 3) -> float:
-    """Median milliseconds of `repeats` calls, after one warm-up call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        if stop is not None:
-            stop()
-        started = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def _log(choice: Choice, why: str) -> None:
