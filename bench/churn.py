@@ -7,8 +7,17 @@ lease timeout 3 s. Each "churn" run kills -9 five executors 2 s after the task i
 "calm" run kills nobody. Runs alternate (calm, churn, calm, churn, ...) against the same services
 and database, and the fleet is topped up to 20 live executors before every run. The script prints
 the median makespan of each arm, their ratio (the paper's arithmetic: ≈ 1.23; target ≤ 1.30), and
-how many subtasks the killed executors held at the moment of the kills (at most one per dead
-executor: an executor holds one lease at a time), with how long the watchdog took to give them back.
+how many subtasks the killed executors held at the moment of the kills, with how long the watchdog
+took to give them back.
+
+The check (exit 1 when it fails): each killed executor held no more leases than its claim-ahead rule
+allowed. An agent claims ahead only as deep as its subtasks' duration calls for
+(agents/macos/claim_depth.py): ceil(round trip / run time) + 1 leases, at least 2 (one running, one
+ready), at most what it finishes in one heartbeat interval; it logs each depth it chooses
+(`claim_depth`, with the run time and round trip it measured), and the bench recomputes the rule from
+those figures and allows, per agent, the deepest it chose between the submission and the kill. So
+subtasks longer than the round trips (the seed's 30 s) strand at most 2 each; 100 ms ones may pipeline
+a little deeper on a slow API. A test executor (`--executors inprocess`) holds one lease at a time.
 
 Executors are real agent processes (`python -m minions.agents.macos --kind sleep`) by default; with
 `--executors inprocess` they are the drills' test executors (minions/testing/drill_executors.py:
@@ -30,7 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -40,9 +49,30 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from minions.agents.macos.claim_depth import MIN_DEPTH, depth_for  # noqa: E402
 from minions.testing.audit import audit  # noqa: E402
-from minions.testing.cluster import Cluster, DedicatedPostgres, eventually, sleep_records  # noqa: E402
+from minions.testing.cluster import (  # noqa: E402
+    Cluster,
+    DedicatedPostgres,
+    eventually,
+    log_events,
+    sleep_records,
+)
 from minions.testing.drill_executors import DrillExecutor  # noqa: E402
+
+
+@dataclass
+class Victim:
+    """A killed executor: the leases it held at the kill, and the most its rule allowed."""
+
+    name: str
+    held: int
+    bound: int
+    why: str  # the figures the bound was worked out from
+
+    @property
+    def ok(self) -> bool:
+        return self.held <= self.bound
 
 
 @dataclass
@@ -50,12 +80,19 @@ class RunResult:
     arm: str  # calm | churn
     makespan_s: float
     stuck: int = 0  # subtasks the killed executors held at the moment of the kills
+    victims: list[Victim] = field(default_factory=list)
     reclaimed_after_s: float = 0.0  # from the kills to the last of those being given back
     lost_attempts: int = 0
 
 
 class InProcessFleet:
     """Test executors as asyncio tasks of this process; `kill` cancels one mid-whatever."""
+
+    def mark(self) -> dict[str, int]:
+        return {}
+
+    def bound(self, name: str, mark: dict[str, int]) -> tuple[int, str]:
+        return 1, "a test executor holds one lease at a time"
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -102,11 +139,38 @@ class AgentFleet:
     def names(self) -> list[str]:
         return [a.name for a in self.cluster.alive_agents()]
 
+    def mark(self) -> dict[str, int]:
+        """Where each agent's log stands now (the submission): its depth from then on is read after it."""
+        return {a.name: len(a.log()) for a in self.cluster.alive_agents()}
+
+    def bound(self, name: str, mark: dict[str, int]) -> tuple[int, str]:
+        """The deepest claim-ahead agent `name` chose since `mark` (the one in effect then included),
+        each depth checked against the rule recomputed from the figures it logged."""
+        text = self.cluster.agent(name).log()
+        at = mark.get(name, 0)
+        chosen = log_events(text[:at], "claim_depth")[-1:] + log_events(text[at:], "claim_depth")
+        if not chosen:
+            return MIN_DEPTH, "nothing measured yet"
+        for event in chosen:
+            rule = depth_for(event["run_s"], event["round_trip_s"], event["cap"])
+            if rule != event["leases"]:
+                raise AssertionError(f"{name} chose {event['leases']} leases where the rule says {rule}: {event}")
+        deepest = max(chosen, key=lambda e: e["leases"])
+        return int(deepest["leases"]), _explain(deepest)
+
     def kill(self, name: str) -> None:
         self.cluster.agent(name).kill()
 
     async def close(self) -> None:
         self.cluster.fleet.stop_all()
+
+
+def _explain(event: dict[str, object]) -> str:
+    run_s, round_trip_s, cap = event["run_s"], event["round_trip_s"], event["cap"]
+    if not isinstance(run_s, int | float) or not isinstance(round_trip_s, int | float):
+        return f"not measured yet: {MIN_DEPTH}"
+    return (f"run {run_s:.3f} s, round trip {round_trip_s:.3f} s: "
+            f"max({MIN_DEPTH}, min(ceil({round_trip_s:.3f} / {run_s:.3f}) + 1, cap {cap}))")
 
 
 async def one_run(cluster: Cluster, fleet: AgentFleet | InProcessFleet, args: argparse.Namespace, arm: str,
@@ -115,6 +179,7 @@ async def one_run(cluster: Cluster, fleet: AgentFleet | InProcessFleet, args: ar
     await asyncio.sleep(1.0)  # every executor back in its long poll
     name = f"{arm}-{index}"
     records = sleep_records(args.subtasks, ms=args.ms)
+    mark = fleet.mark()
     submitted = time.monotonic()
     await cluster.submit(name, records, subtask_size=1)
     result = RunResult(arm, 0.0)
@@ -127,6 +192,9 @@ async def one_run(cluster: Cluster, fleet: AgentFleet | InProcessFleet, args: ar
         held = await cluster.holders(name)
         tokens = [token for victim in victims for _, token in held.get(victim, [])]
         result.stuck = len(tokens)
+        for victim in victims:
+            bound, why = fleet.bound(victim, mark)
+            result.victims.append(Victim(victim, len(held.get(victim, [])), bound, why))
     task = await cluster.wait_finished(name, timeout=300)
     result.makespan_s = (datetime.fromisoformat(task["finished_at"])
                          - datetime.fromisoformat(task["created_at"])).total_seconds()
@@ -185,6 +253,9 @@ async def main(args: argparse.Namespace) -> int:
                          if arm == "churn" else "")
                 print(f"run {i + 1} {arm:5}: makespan {r.makespan_s:.2f} s, lost attempts {r.lost_attempts}{extra}",
                       flush=True)
+                for v in r.victims:
+                    print(f"    killed {v.name}: held {v.held}, rule's bound {v.bound} ({v.why})"
+                          f"{'' if v.ok else '  <-- over the bound'}", flush=True)
     finally:
         await fleet.close()
         await cluster.close()
@@ -192,6 +263,8 @@ async def main(args: argparse.Namespace) -> int:
     calm = statistics.median(r.makespan_s for r in results if r.arm == "calm")
     churn = statistics.median(r.makespan_s for r in results if r.arm == "churn")
     stuck = [r.stuck for r in results if r.arm == "churn"]
+    bounds = [sum(v.bound for v in r.victims) for r in results if r.arm == "churn"]
+    over = [v for r in results for v in r.victims if not v.ok]
     print()
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; executors: {args.executors} ({args.agents}); "
           f"{args.subtasks} subtasks x {args.ms} ms; kill {args.kill} at {args.kill_at:g} s; "
@@ -199,8 +272,12 @@ async def main(args: argparse.Namespace) -> int:
     print(f"median makespan: calm {calm:.2f} s, churn {churn:.2f} s; ideal calm "
           f"{args.subtasks * args.ms / 1000 / args.agents:.2f} s")
     print(f"ratio churn / calm: {churn / calm:.3f} (paper's arithmetic {paper_ratio(args):.3f}; target <= 1.30)")
-    print(f"stuck at the kills: {stuck} (at most {args.kill} each)")
-    return 0 if max(stuck, default=0) <= args.kill else 1
+    print(f"stuck at the kills: {stuck}; the claim-ahead rule's bounds for the killed executors: {bounds} "
+          f"(per executor: ceil(round trip / run time) + 1 leases, at least {MIN_DEPTH}, at most one "
+          f"heartbeat's work)")
+    if over:
+        print(f"over the bound: {', '.join(f'{v.name} held {v.held} > {v.bound}' for v in over)}")
+    return 0 if not over else 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,11 +7,12 @@ machine or the agent stops, and dropped without a word when a heartbeat says its
 Pipelined (issue 11): each lease runs as its own job (input download, then the runner, one job at a
 time, then output upload and complete), so the next subtasks are claimed, and their inputs fetched,
 while one computes, and its upload and complete go on in the background while the next computes.
-The leases held at once are bounded (`max_leases`; by default what the agent finishes in one
-heartbeat interval, at least 2): a Mac that vanishes strands at most that many until the lease
-timeout; while half the bound or more is held, the next claim waits until half is free, so fast
-subtasks are claimed many at a time. Small inputs and outputs ride inline in the claim and the
-complete (API.md). One complete is in flight at a time: those that come meanwhile wait and then go
+The leases held at once are bounded (`max_leases`; by default as deep as the subtasks' measured
+run time calls for, claim_depth.py: one beyond the one running for long subtasks, deeper for short
+ones, at most what the agent finishes in one heartbeat interval): a Mac that vanishes strands at most
+that many until the lease timeout; while half the bound or more is held, the next claim waits until
+half is free, so fast subtasks are claimed many at a time. Small inputs and outputs ride inline in
+the claim and the complete (API.md). One complete is in flight at a time: those that come meanwhile wait and then go
 together in one batched `POST /api/v1/leases/complete`, each lease with its own outcome, exactly as
 its own request's.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minions.agents.macos import awake, hardware
+from minions.agents.macos.claim_depth import ClaimDepth, Depth
 from minions.agents.macos.client import (
     AuthError,
     ClientError,
@@ -56,17 +58,12 @@ EXIT_OK = 0
 EXIT_CONFIG = 78
 MAX_ERROR_CHARS = 4000
 
-
-# Fewest leases a pipelined agent holds at once: one computing, one ready to start.
-MIN_PIPELINE = 2
 # A complete waits this long (at most) for others while more are on their way (leases still held
 # that have not completed): one request for several on a fast device, where a request per subtask
 # cost the API more than the subtask cost the device. Small beside any lease, and beside a slow
 # subtask; at most this much finished work is lost if the Mac vanishes meanwhile.
 COMMIT_LINGER_S = 0.02
 COMMIT_LINGER_COUNT = 8  # ... or until this many wait
-# Weight of the latest subtask in the running mean of subtask durations (the default bound).
-DURATION_WEIGHT = 0.2
 
 
 @dataclass
@@ -120,8 +117,10 @@ class Agent:
         self._hand_back_timeout_s = hand_back_timeout_s
         self._registration: Registration | None = None
         self._jobs: dict[str, _Job] = {}
-        self._max_leases = max_leases  # None: what finishes in one heartbeat interval
-        self._mean_s: float | None = None  # running mean of a subtask's wall time, claim to commit
+        self._max_leases = max_leases  # None: as deep as the measured durations call for
+        self._depth = ClaimDepth()
+        self._depth_logged: Depth | None = None
+        self._queue_had_work = False  # the last claim brought work (so the next is answered at once)
         self._compute = asyncio.Semaphore(1)  # one runner at a time: the device is the bottleneck
         self._room = asyncio.Event()  # set when a job ends: the work loop may claim again
         self._awake: contextlib.AbstractAsyncContextManager[None] | None = None
@@ -208,15 +207,24 @@ class Agent:
     # -- claiming ---------------------------------------------------------------------------
 
     def lease_bound(self) -> int:
-        """Most leases held at once: `max_leases`, else what finishes in one heartbeat interval (at
-        least MIN_PIPELINE), never more than one claim may take."""
+        """Most leases held at once: `max_leases`, else the depth the measured run time and round
+        trips call for (claim_depth.py), logged as `claim_depth` whenever it changes (and once its
+        figures are first measured)."""
         if self._max_leases is not None:
             return max(1, self._max_leases)
+        depth = self.claim_depth()
+        last = self._depth_logged
+        if last is None or depth.leases != last.leases or (last.run_s is None) != (depth.run_s is None):
+            log.info("claim_depth", leases=depth.leases, cap=depth.cap,
+                     run_s=None if depth.run_s is None else round(depth.run_s, 4),
+                     round_trip_s=None if depth.round_trip_s is None else round(depth.round_trip_s, 4))
+            self._depth_logged = depth
+        return depth.leases
+
+    def claim_depth(self) -> Depth:
+        """The claim-ahead depth the measurements call for, with the figures it comes from."""
         registration = self.registration
-        if self._mean_s is None or self._mean_s <= 0:
-            return MIN_PIPELINE
-        per_beat = int(registration.heartbeat_interval_s / self._mean_s)
-        return max(MIN_PIPELINE, min(per_beat, max(registration.max_claim, MIN_PIPELINE)))
+        return self._depth.depth(registration.heartbeat_interval_s, registration.max_claim)
 
     async def _work_loop(self) -> None:
         try:
@@ -248,12 +256,18 @@ class Agent:
 
     async def _claim(self, room: int) -> list[Claim]:
         registration = self.registration
+        sent = time.monotonic()
         try:
             if registration.max_claim > 1 and room > 1:
-                return await self._client.claim_batch(registration.executor_id, registration.long_poll_s,
-                                                      min(room, registration.max_claim))
-            claim = await self._client.claim(registration.executor_id, registration.long_poll_s)
-            return [] if claim is None else [claim]
+                claims = await self._client.claim_batch(registration.executor_id, registration.long_poll_s,
+                                                        min(room, registration.max_claim))
+            else:
+                claim = await self._client.claim(registration.executor_id, registration.long_poll_s)
+                claims = [] if claim is None else [claim]
+            if claims and self._queue_had_work:
+                self._depth.claimed(time.monotonic() - sent)
+            self._queue_had_work = bool(claims)
+            return claims
         except (NotFound, Conflict) as exc:
             # The server forgot this executor (reset) or marked it offline: register again.
             log.warning("executor_unknown", error=str(exc))
@@ -281,7 +295,6 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
 
     async def _supervise(self, job: _Job) -> None:
-        started = time.monotonic()
         await asyncio.wait({job.task})
         try:
             await self._settle(job)
@@ -289,10 +302,6 @@ class Agent:
             if self._fatal is not None and not self._fatal.done():
                 self._fatal.set_exception(exc)
         finally:
-            if not job.task.cancelled() and job.task.exception() is None:
-                took = time.monotonic() - started
-                self._mean_s = took if self._mean_s is None else (
-                    (1 - DURATION_WEIGHT) * self._mean_s + DURATION_WEIGHT * took)
             self._jobs.pop(job.claim.token, None)
             self._room.set()
             if not self._jobs and self._awake is not None:
@@ -344,11 +353,16 @@ class Agent:
             if runner is None:
                 raise PermanentError(f"this executor does not serve kind {sub.kind!r}")
             records = parse_records(await self._client.download(sub.input), sub.input.records)
+            fetched = time.monotonic() - started
             async with self._compute:
+                computing = time.monotonic()
                 outputs = await runner.run(sub, records)
+                computed = time.monotonic()
+            self._depth.ran((sub.team, sub.project, sub.task_name), computed - computing)
             output = encode_outputs(records, outputs)
             if len(output) <= self.registration.inline_output_bytes:
                 await self._complete(claim, len(records), time.monotonic() - started, output)
+                self._depth.outside_runner(fetched + time.monotonic() - computed)
                 return
             await self._client.upload(sub.output_url, output)
         except AuthError:
@@ -362,6 +376,7 @@ class Agent:
             await self._fail(claim, f"{type(exc).__name__}: {exc}", retryable=True)
         else:
             await self._complete(claim, len(records), time.monotonic() - started)
+            self._depth.outside_runner(fetched + time.monotonic() - computed)
 
     async def _complete(self, claim: Claim, records: int, seconds: float, output: bytes | None = None) -> None:
         try:
