@@ -17,6 +17,7 @@ from minions.logging import configure, get_logger
 from minions.services.api import prefork
 from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import SchemaMissing, create_app
+from minions.services.api.connection_counts import ConnectionCounts
 from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
 
 SETTINGS = config.names_for(config.API)
@@ -46,15 +47,19 @@ def run(args: argparse.Namespace) -> int:
     if args.workers == 1:
         return _serve_here(settings, None)
     # Under `minions up` the workers share the socket it handed over; alone, each worker binds
-    # host:port with SO_REUSEPORT, and the kernel spreads new connections across them.
+    # host:port with SO_REUSEPORT, and the kernel spreads new connections across them. Either way one
+    # address's connections are counted once for all of them (made here, before the fork).
     listen_fd = os.environ.get("MINIONS_LISTEN_FD")
     shared = socket.socket(fileno=int(listen_fd)) if listen_fd else None
-    return prefork.run_workers(args.workers, shared, lambda: _serve_here(settings, shared, reuse_port=True))
+    counts = ConnectionCounts()
+    return prefork.run_workers(args.workers, shared,
+                               lambda: _serve_here(settings, shared, reuse_port=True, counts=counts))
 
 
-def _serve_here(settings: config.Settings, sock: socket.socket | None, *, reuse_port: bool = False) -> int:
+def _serve_here(settings: config.Settings, sock: socket.socket | None, *, reuse_port: bool = False,
+                counts: ConnectionCounts | None = None) -> int:
     try:
-        runtime.run(serve(settings, sock, reuse_port=reuse_port))
+        runtime.run(serve(settings, sock, reuse_port=reuse_port, counts=counts))
     except SchemaMissing as exc:
         print(f"minions api: {exc}", file=sys.stderr)
         return 1
@@ -65,11 +70,13 @@ async def _name_worker(_request: web.Request, response: web.StreamResponse) -> N
     response.headers[WORKER_HEADER] = str(os.getpid())
 
 
-async def serve(settings: config.Settings, sock: socket.socket | None = None, *, reuse_port: bool = False) -> None:
-    """web.run_app's job, with a runner whose server limits slow clients (slow_clients.py)."""
+async def serve(settings: config.Settings, sock: socket.socket | None = None, *, reuse_port: bool = False,
+                counts: ConnectionCounts | None = None) -> None:
+    """web.run_app's job, with a runner whose server limits slow clients (slow_clients.py); `counts`:
+    the connection counts shared with the other workers, if any."""
     app = create_app(settings)
     app.on_response_prepare.append(_name_worker)
-    runner = GuardedAppRunner(app, limits=ClientLimits.from_settings(settings),
+    runner = GuardedAppRunner(app, limits=ClientLimits.from_settings(settings), counts=counts,
                               access_log_class=AccessLogger, access_log=access_logger,
                               keepalive_timeout=KEEPALIVE_S, shutdown_timeout=5)
     await runner.setup()
