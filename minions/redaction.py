@@ -5,6 +5,12 @@ Used by the logging pipeline (every event value) and by the API's representation
 client sent (failure messages in `/subtasks`, the task's `error`, results' error lines), so a secret
 that reaches either is replaced by `[redacted]` on the way out. Redaction keeps the shape of the
 text (the URL, the key name) so the message still says what happened.
+
+Failure text an executor writes (a fail's `error`, an `error` field in its output's records) gets
+`redact_failure`: the above, and every UUID-shaped string too. A lease token is a random UUID, the
+credential of its lease, and nothing tells one lease's token from another's, or from any other
+UUID, by its shape; the ids a tenant needs to read a failure (tasks, subtasks, records) are not
+UUIDs, so failure text loses nothing it needs by losing them all.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ SECRET_KEYS = frozenset({
 })
 
 _UUID = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+# A UUID standing alone (hyphens or none, any case, braces or `urn:uuid:` around it or not): not a
+# piece of a longer run of hex digits (a SHA-256 is not 2 UUIDs).
+_ANY_UUID = re.compile(r"(?<![0-9a-fA-F])" + _UUID + r"(?![0-9a-fA-F])")
 # Each pattern with the (lower-case) words one of which a text must hold for the pattern to apply:
 # a cheap `in` test spares the regular expressions on most values (event names, ids, times).
 _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern[str], str], ...] = (
@@ -52,6 +61,25 @@ def redact(text: str, known: Iterable[str] = ()) -> str:
         if any(word in lower for word in words):
             text = pattern.sub(replacement, text)
     return text
+
+
+def redact_failure(text: str, known: Iterable[str] = ()) -> str:
+    """Failure text an executor wrote, as it may be stored, logged or shown: `redact`, and every
+    UUID-shaped string (any lease's token, in any spelling) replaced by `[redacted]`."""
+    return _ANY_UUID.sub(REDACTED, redact(text, known))
+
+
+def redact_failure_value(value: Any) -> Any:
+    """An executor's JSON `error` value (a string, or an object or list of them) with every string
+    in it passed through `redact_failure`, and values under a secret key redacted whole."""
+    if isinstance(value, str):
+        return redact_failure(value)
+    if isinstance(value, Mapping):
+        return {k: REDACTED if str(k).lower() in SECRET_KEYS and v is not None else redact_failure_value(v)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_failure_value(v) for v in value]
+    return value
 
 
 def redact_value(value: Any, key: str | None = None) -> Any:

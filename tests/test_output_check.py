@@ -57,3 +57,41 @@ def test_it_hashes_and_counts_what_it_checked() -> None:
     check.add_output(GOOD)
     check.finish()
     assert check.sha256.digest() == hashlib.sha256(GOOD).digest() and check.size == len(GOOD)
+
+
+LEASE = "0ee2a6a5-3636-492e-b2ff-01b1f0f84b7f"
+LEAKY = b"".join([
+    jsoncodec.dumps_line({"id": "a", "slept_ms": 1}),
+    # The key spelled with a JSON escape is the same key: the parsed record is what is checked.
+    b'{"id": 7, "\\u0065rror": "lease ' + LEASE.encode() + b' and mn_abcdefghijklmnop"}\n',
+    jsoncodec.dumps_line({"id": "c", "error": {"message": f"PUT /x?sig=abc failed ({LEASE})", "sig": "s"}}),
+])
+
+
+def _committed(output: bytes, size: int) -> tuple[bytes, OutputCheck]:
+    check = OutputCheck(3)
+    check.add_input(INPUT)
+    check.input_done()
+    committed = b"".join(check.add_output(output[start:start + size]) for start in range(0, len(output), size))
+    check.finish()
+    return committed, check
+
+
+@pytest.mark.parametrize("size", [1, 7, 40, 1000])
+def test_an_error_field_is_committed_redacted_and_hashed_as_committed(size: int) -> None:
+    committed, check = _committed(LEAKY, size)
+    lines = [jsoncodec.loads(line) for line in committed.splitlines()]
+    assert lines == [
+        {"id": "a", "slept_ms": 1},
+        {"id": 7, "error": "lease [redacted] and mn_[redacted]"},
+        {"id": "c", "error": {"message": "PUT /x?sig=[redacted] failed ([redacted])", "sig": "[redacted]"}},
+    ]
+    assert committed.endswith(b"\n") and LEASE.encode() not in committed
+    assert check.sha256.digest() == hashlib.sha256(committed).digest() and check.size == len(committed)
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_an_output_without_secrets_is_committed_byte_for_byte(size: int) -> None:
+    harmless = GOOD.replace(b'"slept_ms":1}', b'"slept_ms":1,"error":"slow disk"}', 1)
+    assert _committed(harmless, size)[0] == harmless
+    assert _committed(GOOD, size)[0] == GOOD

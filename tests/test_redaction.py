@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minions.redaction import REDACTED, redact, redact_event, redact_value
+from minions.redaction import REDACTED, redact, redact_event, redact_failure, redact_value
 
 LEASE = "435192d2-9d8e-4e94-bc4d-9cd8db478fa3"
 
@@ -36,3 +36,15 @@ def test_values_under_secret_keys_and_nested_text() -> None:
     assert redact_value(value) == {"token": REDACTED, "history": [{"error": f"Bearer {REDACTED}"}], "records": 3}
     event = redact_event(None, "info", {"event": "lease_failed", "admin_token": "mn_x", "n": 1})
     assert event == {"event": "lease_failed", "admin_token": REDACTED, "n": 1}
+
+
+def test_failure_text_loses_every_uuid_in_any_spelling_and_keeps_other_hex() -> None:
+    token = "0ee2a6a5-3636-492e-b2ff-01b1f0f84b7f"
+    sha256 = "ab" * 32
+    text = (f"lease {token}, {token.upper()}, {{{token.replace('-', '')}}}, urn:uuid:{token}; "
+            f"subtask 12 of task 7; object {sha256}")
+    assert redact_failure(text) == (f"lease {REDACTED}, {REDACTED}, {{{REDACTED}}}, urn:uuid:{REDACTED}; "
+                                    f"subtask 12 of task 7; object {sha256}")
+    # And everything redact itself removes.
+    assert redact_failure("Authorization: Bearer abc.def mn_abcdefghijk") == (
+        f"Authorization: Bearer {REDACTED} mn_{REDACTED}")

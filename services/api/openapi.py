@@ -361,7 +361,9 @@ def _response_schemas() -> dict[str, Schema]:
             "executor": _nullable({"type": "string", "description": "Name of the executor holding it."}),
             "leased_at": _timestamp(nullable=True),
             "done_at": _timestamp(nullable=True),
-            "last_error": _nullable({"type": "string"}),
+            "last_error": _nullable({"type": "string", "description": (
+                "The executor's failure text, its secrets (tokens, URL signatures, every UUID) "
+                "`[redacted]`; so is each attempt's `error`.")}),
             "history": {"type": "array", "items": _object({
                 "attempt": {"type": "integer", "minimum": 0},
                 "executor": _nullable({"type": "string"}),

@@ -5,6 +5,13 @@ so it holds O(one chunk) whatever their size; `services/api/verified_output.py` 
 Only ids are compared (the result fields are the runner's business), but every output line must be a
 JSON object that ends with a newline: results concatenate the outputs of a task's subtasks, so a line
 that is not whole, or not JSON, would corrupt its neighbours.
+
+One field is not the runner's alone: a record's `error` is the executor's failure text, shown to the
+task's team in results like a fail's `error`, so it gets the same redaction
+(minions.redaction.redact_failure: API and bearer tokens, URL signatures, any lease's token). The
+check hands back the bytes to commit, whole lines only, with such a line rewritten; the hash and
+size it keeps are those of the committed bytes, so a result is verified and served as redacted
+(serving could not redact: a compacted task's parts are read straight from the store by URL).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import orjson
 
 from minions.records import format_id
+from minions.redaction import redact_failure_value
 
 # A single output line longer than this (a completion of ~32 MB) is refused rather than buffered.
 MAX_LINE_BYTES = 32 * 1024 * 1024
@@ -42,6 +50,11 @@ class _Lines:
         self._keep(lines.pop())
         return lines
 
+    @property
+    def holding(self) -> bool:
+        """Whether a partial line is held (the next complete line starts with it)."""
+        return bool(self._carry)
+
     def rest(self) -> bytes:
         """The last line when it has no newline (b"" when the input ended with one)."""
         rest = bytes(self._carry)
@@ -59,6 +72,15 @@ def _shown(record_id: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _redact_error(record: dict[str, object]) -> bool:
+    """Redact `record`'s `error` in place; whether that changed it."""
+    redacted = redact_failure_value(record["error"])
+    if redacted == record["error"]:
+        return False
+    record["error"] = redacted
+    return True
+
+
 def _same_id(a: object, b: object) -> bool:
     # The string "7" and the integer 7 are different ids (as in records.DuplicateIds).
     return type(a) is type(b) and a == b
@@ -67,7 +89,8 @@ def _same_id(a: object, b: object) -> bool:
 class OutputCheck:
     """Feed it the subtask's input range (`add_input`) and its output (`add_output`) in any
     interleaving; each call matches as many lines as both sides allow and raises OutputMismatch at the
-    first wrong one. It also hashes the output (SHA-256) and counts its bytes: what complete records."""
+    first wrong one. `add_output` returns the bytes to commit (see the module's doc); the check hashes
+    them (SHA-256) and counts them: what complete records."""
 
     def __init__(self, records: int) -> None:
         self.records = records
@@ -85,21 +108,34 @@ class OutputCheck:
         """Whether output lines are waiting for input records to be compared with."""
         return bool(self._got)
 
-    def add_output(self, chunk: bytes) -> None:
-        self.sha256.update(chunk)
-        self.size += len(chunk)
+    def add_output(self, chunk: bytes) -> bytes:
+        """Check the output's next `chunk`; returns the bytes to commit for it: its complete lines (a
+        line begun in an earlier chunk included, one it leaves unfinished held back), the chunk
+        itself when that is what they are."""
+        held = self._output.holding
         lines = self._output.feed(chunk)
         try:
             # The fast path, per chunk: comprehensions, no call per line of ours.
             if self._output_lines + len(lines) > self.records:
                 raise ValueError
-            ids = [value["id"] for value in [orjson.loads(line) for line in lines]]
+            values = [orjson.loads(line) for line in lines]
+            ids = [value["id"] for value in values]
         except (ValueError, TypeError, KeyError):  # JSONDecodeError is a ValueError
             ids = [self._output_id(n, line) for n, line in enumerate(lines, self._output_lines + 1)]
             raise AssertionError("unreachable: the slow path raises at the faulty line") from None
         self._output_lines += len(lines)
         self._got.extend(ids)
         self._match()
+        rewritten = [n for n, value in enumerate(values) if "error" in value and _redact_error(value)]
+        if not held and not rewritten and chunk.endswith(b"\n"):
+            committed = chunk
+        else:
+            for n in rewritten:
+                lines[n] = orjson.dumps(values[n])
+            committed = b"\n".join(lines) + b"\n" if lines else b""
+        self.sha256.update(committed)
+        self.size += len(committed)
+        return committed
 
     def add_input(self, chunk: bytes) -> None:
         # The splitter validated every record of the input: each line is an object with an id;

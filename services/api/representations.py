@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from minions.kinds import FINISHED_TASK_STATUSES
-from minions.redaction import redact
+from minions.redaction import redact_failure
 from minions.services.api.responses import iso
 from minions.store.base import ObjectStore
 
@@ -42,7 +42,8 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
         "output_uri": (
             f"/api/v1/tasks/{row['team']}/{row['project']}/{row['name']}/results" if finished else None
         ),
-        "error": redact(row["error"]) if row["error"] is not None else None,
+        # Often an executor's failure text (the subtask's that failed the task).
+        "error": redact_failure(row["error"]) if row["error"] is not None else None,
         "warnings": task_warnings(row),
     }
 

@@ -1,8 +1,9 @@
 """Committed results are verified and immutable (issue 8, items 3 and 4).
 
 At complete, `copy_verified` reads the attempt's output once, checks it against the subtask's input
-(output_check.OutputCheck) and writes the very bytes it checked to a result key (`results/…`) that no
-URL ever names, hashing them on the way. Whatever the attempt's PUT URL writes afterwards (an S3
+(output_check.OutputCheck) and writes the very bytes it checked (with secrets in records' `error`
+fields redacted: output_check.py) to a result key (`results/…`) that no URL ever names, hashing them
+on the way. Whatever the attempt's PUT URL writes afterwards (an S3
 presigned URL cannot be revoked) lands on an object nobody reads. `read_verified` serves a result
 only once its bytes match the SHA-256 and size recorded at complete.
 
@@ -82,13 +83,13 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
             except ObjectNotFound:
                 raise StoreError(f"the task's input {lease['input_uri']} is gone") from None
         if len(input_data) + len(inline) <= CHECK_ON_LOOP:
-            whole = _check_whole(lease["records"], input_data, inline)
+            whole, committed = _check_whole(lease["records"], input_data, inline)
         else:
-            whole = await asyncio.to_thread(_check_whole, lease["records"], input_data, inline)
+            whole, committed = await asyncio.to_thread(_check_whole, lease["records"], input_data, inline)
         if keep:
-            return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=inline)
+            return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=committed)
         key = result_key(lease, token)
-        await store.put_bytes(key, inline)
+        await store.put_bytes(key, committed)
         return VerifiedOutput(key, whole.sha256.digest(), whole.size)
     check = OutputCheck(lease["records"])
     key = result_key(lease, token)
@@ -115,29 +116,30 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
 
         output = store.read(store.uri_for(lease["output_key"])) if inline is None else _pieces(inline)
         async for chunk in output:
-            await asyncio.to_thread(check.add_output, chunk)
+            committed = await asyncio.to_thread(check.add_output, chunk)
             await feed_input()
-            yield chunk
+            if committed:
+                yield committed
         check.finish()
 
     async with contextlib.aclosing(reader):
         if keep:  # checked streamed: an input range too big to check whole
-            async for _ in checked():
-                pass
-            return VerifiedOutput(None, check.sha256.digest(), check.size, kept=inline)
+            kept = b"".join([chunk async for chunk in checked()])
+            return VerifiedOutput(None, check.sha256.digest(), check.size, kept=kept)
         # put_stream discards what it wrote when `checked` raises: a refused output leaves nothing.
         await store.put_stream(key, checked())
     return VerifiedOutput(key, check.sha256.digest(), check.size)
 
 
-def _check_whole(records: int, input_data: bytes, output: bytes) -> OutputCheck:
-    """The streaming check fed each side whole (same verdicts, same messages)."""
+def _check_whole(records: int, input_data: bytes, output: bytes) -> tuple[OutputCheck, bytes]:
+    """The streaming check fed each side whole (same verdicts, same messages), and the bytes to
+    commit (`output` itself unless a record's `error` was redacted)."""
     check = OutputCheck(records)
-    check.add_output(output)
+    committed = check.add_output(output)
     check.add_input(input_data)
     check.input_done()
     check.finish()
-    return check
+    return check, committed
 
 
 async def _pieces(data: bytes, size: int = 1024 * 1024) -> AsyncIterator[bytes]:

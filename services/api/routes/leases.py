@@ -16,7 +16,7 @@ from aiohttp import web
 from minions import protocol
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.redaction import redact
+from minions.redaction import redact_failure
 from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object
@@ -239,8 +239,8 @@ async def _discard(store: ObjectStore, key: str) -> None:
 
 def _error_text(failure: protocol.Failure, lease: _Lease) -> str:
     # The text is the executor's, shown to the task's team in /subtasks and results: secrets in it
-    # (this lease's token, a signed URL) are redacted before it is stored, logged or shown.
-    return str(without_nul(redact(failure.error[:4000], known=(str(lease.token), lease.raw))))
+    # (any lease's token, a signed URL, an API token) are redacted before it is stored, logged or shown.
+    return str(without_nul(redact_failure(failure.error[:4000], known=(str(lease.token), lease.raw))))
 
 
 def _failed(request: web.Request, lease: _Lease, verdict: str, error: str, retryable: bool) -> None:

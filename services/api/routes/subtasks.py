@@ -9,7 +9,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.db.queries import Queries
-from minions.redaction import redact, redact_value
+from minions.redaction import redact_failure, redact_value
 from minions.services.api.appkeys import POOL
 from minions.services.api.auth import require
 from minions.services.api.bodies import query_int
@@ -37,10 +37,17 @@ def _subtask(row: Any) -> dict[str, Any]:
         "leased_at": _iso(row["leased_at"]),
         "done_at": _iso(row["done_at"]),
         # Failure text comes from executors: shown with its secrets redacted (stored rows may predate
-        # redaction at fail).
-        "last_error": redact(row["last_error"]) if row["last_error"] is not None else None,
-        "history": redact_value(row["history"]),
+        # redaction at fail, or its redaction of other leases' tokens).
+        "last_error": redact_failure(row["last_error"]) if row["last_error"] is not None else None,
+        "history": [_attempt(a) for a in row["history"]],
     }
+
+
+def _attempt(attempt: dict[str, Any]) -> dict[str, Any]:
+    shown: dict[str, Any] = redact_value(attempt)
+    if attempt.get("error") is not None:
+        shown["error"] = redact_failure(attempt["error"])
+    return shown
 
 
 @routes.get("/api/v1/tasks/{team}/{project}/{name}/subtasks")

@@ -19,7 +19,7 @@ from minions.kinds import TASK_STATUSES
 from minions.logging import get_logger
 from minions.names import NAME, is_name
 from minions.records import parse_line
-from minions.redaction import redact
+from minions.redaction import redact_failure
 from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
@@ -342,7 +342,7 @@ async def _result_piece(pool: Any, store: ObjectStore, task: Any, sub: Any) -> A
         return chunks
     if sub["state"] in ("failed", "cancelled") and task["finished_at"] is not None:
         reason = sub["last_error"] if sub["state"] == "failed" else "task cancelled"
-        return _error_lines(pool, store, task, sub["byte_start"], sub["byte_end"], redact(reason or "failed"))
+        return _error_lines(pool, store, task, sub["byte_start"], sub["byte_end"], redact_failure(reason or "failed"))
     return _each([])
 
 
