@@ -93,8 +93,11 @@ class LeaseTerms(Struct, kw_only=True):
 
 class InputRef(Struct, kw_only=True):
     url: Annotated[str | None, Meta(description=(
-        "Presigned GET; honours Range. null when the task's input is kept in the database: `data` "
-        "then always holds the range."))]
+        "Presigned GET of `range` alone, for this lease alone: fetch it with `Range: bytes=start-(end-1)` "
+        "(the local store also serves the range without the header; S3 requires it). It lasts the lease "
+        "timeout plus MINIONS_INPUT_URL_MARGIN_S; a heartbeat that renews the lease sends a fresh one "
+        "(`input_urls`). null when the task's input is kept in the database: `data` then always holds "
+        "the range."))]
     range: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(min_length=2, max_length=2,
                                                             description="[start, end) in bytes.")]
     records: Count
@@ -158,8 +161,11 @@ class Heartbeat(Struct, kw_only=True):
                                       description="Tokens of the leases this executor holds.")] = []
 
 
-class HeartbeatReply(Struct, kw_only=True):
+class HeartbeatReply(Struct, kw_only=True, omit_defaults=True):
     leases: dict[str, LeaseState]
+    input_urls: Annotated[dict[str, str], Meta(description=(
+        "A fresh input URL (replacing the claim's `input.url`) for each lease renewed (`ok`) whose "
+        "input range is larger than MINIONS_INLINE_INPUT_BYTES; absent when there is none."))] = {}
 
 
 # ---------------------------------------------------------------- complete, fail, release

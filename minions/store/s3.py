@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import math
 import os
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -215,16 +216,27 @@ class S3Store:
         bucket, key = parse_s3_uri(uri)
         return await self._presign("get_object", bucket, key, expires_s)
 
+    async def presign_input(self, uri: str, start: int, end: int, lease: uuid.UUID, expires_s: float) -> str:
+        """A GET of bytes [start, end) with the Range header signed (X-Amz-SignedHeaders: host;range):
+        S3 checks a signed header's value, so a request without `Range: bytes=start-(end-1)`, or with
+        any other range, fails with 403 SignatureDoesNotMatch. S3 knows nothing of leases: `lease` is
+        not in the URL, and only its lifetime (`expires_s`) bounds it."""
+        check_range(start, end)
+        if end == start:
+            raise StoreError("an input URL's range must be non-empty")
+        bucket, key = parse_s3_uri(uri)
+        return await self._presign("get_object", bucket, key, expires_s, Range=f"bytes={start}-{end - 1}")
+
     async def presign_put(self, key: str, expires_s: float) -> str:
         return await self._presign("put_object", self.bucket, self._object_key(key), expires_s)
 
-    async def _presign(self, operation: str, bucket: str, key: str, expires_s: float) -> str:
+    async def _presign(self, operation: str, bucket: str, key: str, expires_s: float, **params: str) -> str:
         expires = math.ceil(expires_s)  # rounded up: never expire before the caller asked
         if not 0 < expires <= MAX_PRESIGN_S:
             # Clamping would hand out a URL that dies before the lease it serves.
             raise StoreError(f"presigned URLs last 1 s to 7 days, not {expires_s} s")
         s3 = await self._s3()
-        url: str = await s3.generate_presigned_url(operation, Params={"Bucket": bucket, "Key": key},
+        url: str = await s3.generate_presigned_url(operation, Params={"Bucket": bucket, "Key": key, **params},
                                                    ExpiresIn=expires)
         return url
 

@@ -3,6 +3,7 @@ shut-down are symmetrical and each test can build a fresh app."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -18,6 +19,7 @@ from minions.logging import get_logger
 from minions.services.api import routes as _routes  # noqa: F401  (package marker)
 from minions.services.api.appkeys import (
     CLUSTER,
+    INPUT_READABLE,
     INPUTS,
     LEASES,
     OUTPUT_WRITABLE,
@@ -85,6 +87,11 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         return bool(await pool.fetchval(Q.output_writable, key))
 
     app[OUTPUT_WRITABLE] = output_writable
+
+    async def input_readable(token: uuid.UUID, start: int, end: int) -> bool:
+        return bool(await pool.fetchval(Q.input_readable, token, start, end))
+
+    app[INPUT_READABLE] = input_readable
     yield
     await pool.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -27,3 +28,6 @@ INPUTS = web.AppKey("inputs", InputCache)  # small input objects, whole, for inl
 # Whether the local store may take a PUT of this key now: only the output key of a live lease
 # (set from the database in app.py; a server without it takes no PUT at all).
 OUTPUT_WRITABLE = web.AppKey[Callable[[str], Awaitable[bool]]]("output_writable")
+# Whether the local store may serve a lease's input URL now: only while that lease (token, start,
+# end) is live (set from the database in app.py; a server without it serves no input URL at all).
+INPUT_READABLE = web.AppKey[Callable[[uuid.UUID, int, int], Awaitable[bool]]]("input_readable")

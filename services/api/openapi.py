@@ -40,8 +40,9 @@ shape, `{"error": {"code", "message", "fields"}}`; a 500 is a bug.
 
 Not described here: `GET`/`PUT /api/v1/store/{key}`, the local store's signed URLs. They are not
 part of the client API: the server hands them out in leases (`input.url`, `output.url`), and the
-signature in their query string is their only credential, like an S3 presigned URL; a PUT is taken
-only while the lease it was issued for is live (else 403 `lease_ended`), and a PUT over
+signature in their query string is their only credential, like an S3 presigned URL; a lease's input
+URL serves that lease's byte range alone (a `Range` outside it: 416 `range_not_signed`) and only while
+the lease is live, as a PUT is taken only then (else 403 `lease_ended`), and a PUT over
 `MINIONS_MAX_OUTPUT_BYTES`, default 256 MiB, is 413 `too_large` and stores nothing. This document
 itself is served, without a token, at `GET /api/openapi.json`.
 
@@ -655,7 +656,9 @@ def _paths() -> dict[str, Schema]:
                 "summary": "Say the executor is alive, and learn the fate of its leases",
                 "requestBody": _json_body(_ref("Heartbeat"), "The leases held (an empty body holds none).",
                                           required=False),
-                "responses": _responses(_ok(_ref("HeartbeatReply"), "Each lease: ok, lost or cancelled."),
+                "responses": _responses(_ok(_ref("HeartbeatReply"), "Each lease: ok, lost or cancelled; a fresh "
+                                                                  "input URL for each lease renewed that reads "
+                                                                  "its input by URL (`input_urls`)."),
                                         _AUTHED, _BODY, **executor_errors,
                                         e422="`leases` is not a list of at most 1000 strings."),
             },

@@ -8,6 +8,7 @@ as executors reach it (MINIONS_PUBLIC_URL, else host:port): `SignedLocalStore`. 
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,12 @@ class SigningStore(ObjectStore, Protocol):
 
     async def presign_get(self, uri: str, expires_s: float) -> str:
         """A URL that GETs the object (honouring Range) until it expires."""
+        ...
+
+    async def presign_input(self, uri: str, start: int, end: int, lease: uuid.UUID, expires_s: float) -> str:
+        """A lease's input URL: a GET of bytes [start, end) of the object until it expires. The local
+        store refuses any other bytes, and any request once the lease is not live; S3 signs the
+        Range header (a request without it, or with another, fails its signature check)."""
         ...
 
     async def presign_put(self, key: str, expires_s: float) -> str:
@@ -43,6 +50,10 @@ class SignedLocalStore(LocalStore):
     async def presign_get(self, uri: str, expires_s: float) -> str:
         return signing.signed_url(self.base_url, self.signing_key, "GET", self.key_for(uri),
                                   signing.expiry(expires_s))
+
+    async def presign_input(self, uri: str, start: int, end: int, lease: uuid.UUID, expires_s: float) -> str:
+        return signing.signed_url(self.base_url, self.signing_key, "GET", self.key_for(uri),
+                                  signing.expiry(expires_s), signing.Scope(lease, start, end))
 
     async def presign_put(self, key: str, expires_s: float) -> str:
         return signing.signed_url(self.base_url, self.signing_key, "PUT", validate_key(key),

@@ -105,6 +105,15 @@ SELECT minion_kept_input($1, $2, $3);
 -- The local store takes a PUT of an output key only while its lease is live.
 SELECT minion_output_writable($1);
 
+-- name: input_readable
+-- The local store serves a lease's input URL (token $1, bytes [$2, $3)) only while that lease is live.
+SELECT minion_input_readable($1, $2, $3);
+
+-- name: lease_inputs
+-- The input object and range of each live lease among tokens $1 (a heartbeat renews their input URLs).
+SELECT t.token AS lease_token, i.input_uri, i.byte_start, i.byte_end
+  FROM unnest($1::uuid[]) AS t(token), minion_lease_info(t.token) AS i;
+
 -- name: complete
 -- $4-$7: the verified copy of the output (result key, SHA-256, size, the bytes when kept in the row)
 SELECT minion_complete($1, $2, $3, $4, $5, $6, $7);

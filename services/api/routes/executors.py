@@ -27,8 +27,9 @@ from minions.store.base import ObjectStore, StoreError
 Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
-# Presigned URLs outlive any lease a heartbeating executor can hold in practice; they are keyed per
-# attempt, so a late writer cannot harm a committed result (invariant 4).
+# Output URLs outlive any lease a heartbeating executor can hold in practice; they are keyed per
+# attempt, so a late writer cannot harm a committed result (invariant 4). An input URL lasts the lease
+# timeout plus MINIONS_INPUT_URL_MARGIN_S and is renewed by each heartbeat (`_input_url_s`).
 URL_LIFETIME_S = 12 * 3600.0
 # What a machine says of itself at registration; an agent's report (its hardware, the precision of each
 # model it loaded) is a few hundred bytes. Every executor list carries it.
@@ -222,6 +223,12 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
     return json_response(protocol.to_builtins(message))
 
 
+def _input_url_s(request: web.Request) -> float:
+    """How long an input URL handed out now works: as long as the lease would without another
+    heartbeat, plus the margin (clock skew between this host and the store, a GET begun at the end)."""
+    return request.app[CLUSTER].lease_timeout_s + request.app[SETTINGS].input_url_margin_s
+
+
 async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol.Lease:
     store = request.app[STORE]
     lifetime = max(URL_LIFETIME_S, 2 * request.app[CLUSTER].lease_timeout_s)
@@ -232,9 +239,11 @@ async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol
         subtask=protocol.LeasedSubtask(
             team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
             attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
-            # A kept input (sql/240) has no object to GET: its range always rides inline.
+            # A kept input (sql/240) has no object to GET: its range always rides inline. An object's
+            # URL reads this lease's range alone (issue 25 item 3).
             input=protocol.InputRef(url=None if row["input_uri"] is None else
-                                    await store.presign_get(row["input_uri"], lifetime),
+                                    await store.presign_input(row["input_uri"], start, end, row["lease_token"],
+                                                              _input_url_s(request)),
                                     range=[start, end], records=row["records"], data=_as_text(data)),
             output=protocol.OutputRef(url=await store.presign_put(row["output_key"], lifetime)),
         ),
@@ -293,8 +302,40 @@ async def heartbeat(request: web.Request) -> web.Response:
     _refuse(rows[0]["verdict"], executor_id)
     states = {r["lease_token"]: r["state"] for r in rows[1:]}
     # A token that is not even a UUID was never a lease: it is lost, like any stale one.
-    reply = protocol.HeartbeatReply(leases={t: states.get(u, "lost") for t, u in named.items()})
+    leases = {t: states.get(u, "lost") for t, u in named.items()}
+    renewed = {t: u for t, u in named.items() if u is not None and leases[t] == "ok"}
+    reply = protocol.HeartbeatReply(leases=leases, input_urls=await _input_urls(request, renewed))
     return json_response(protocol.to_builtins(reply))
+
+
+async def _input_urls(request: web.Request, renewed: dict[str, uuid.UUID]) -> dict[str, str]:
+    """A fresh input URL for each renewed lease whose range did not ride inline in its claim's
+    answer (larger than MINIONS_INLINE_INPUT_BYTES, of an input object): the claim's URL lasts only
+    the lease timeout plus the margin. What each lease reads is known from its claim here
+    (lease_facts.py), else looked up (claimed through another API process, or before a restart)."""
+    if not renewed:
+        return {}
+    known = request.app[LEASES]
+    facts: dict[str, Any] = {t: known.get(u) for t, u in renewed.items()}
+    if missing := [u for t, u in renewed.items() if facts[t] is None]:
+        rows = {r["lease_token"]: r for r in await request.app[POOL].fetch(Q.lease_inputs, missing)}
+        facts.update({t: rows.get(u) for t, u in renewed.items() if facts[t] is None})
+    limit = request.app[SETTINGS].inline_input_bytes
+    wanted = {t: f for t, f in facts.items()
+              if f is not None and f["input_uri"] is not None and f["byte_end"] - f["byte_start"] > limit}
+    if not wanted:
+        return {}
+    store, lifetime = request.app[STORE], _input_url_s(request)
+
+    async def sign(token: str, f: Any) -> str | None:
+        try:
+            return await store.presign_input(f["input_uri"], f["byte_start"], f["byte_end"], renewed[token], lifetime)
+        except (StoreError, ValueError) as exc:  # the claim's URL stays the executor's; not this beat's failure
+            log.warning("input_url_not_renewed", error=str(exc))
+            return None
+
+    urls = await asyncio.gather(*(sign(t, f) for t, f in wanted.items()))
+    return {t: url for t, url in zip(wanted, urls, strict=True) if url is not None}
 
 
 def _as_uuid(token: str) -> uuid.UUID | None:

@@ -7,6 +7,11 @@ answer 404: nothing signs URLs for them.
 A PUT is taken only for the output key of a lease that is live when the upload starts and still
 live when it ends (OUTPUT_WRITABLE): an output URL stops working once its lease is completed,
 failed, released, lost or cancelled, whatever its signed expiry says.
+
+A lease's input URL is scoped (signing.Scope: its lease token and byte range are signed): it serves
+that range and nothing else (no Range header: the whole range, 206; a Range inside it: those bytes;
+any other: 416 `range_not_signed`), and only while its lease is live (INPUT_READABLE; after: 403
+`lease_ended`). A GET URL without a scope (a compacted result's part) reads the whole object.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.config import Settings
-from minions.services.api.appkeys import OUTPUT_WRITABLE, STORE
+from minions.services.api.appkeys import INPUT_READABLE, OUTPUT_WRITABLE, STORE
 from minions.services.api.errors import error_response
 from minions.services.api.url_signing import SignedLocalStore
 from minions.store import signing
@@ -40,21 +45,22 @@ def add_routes(app: web.Application, max_put_bytes: int = Settings.max_output_by
     app.router.add_put(ROUTE, put_object)
 
 
-def _authorize(request: web.Request, method: str) -> tuple[SignedLocalStore, str] | web.Response:
-    """The store and key of a validly signed request, or the error response to send."""
+def _authorize(request: web.Request, method: str) -> tuple[SignedLocalStore, str, signing.Scope | None] | web.Response:
+    """The store, key and scope (a lease's input range, or None: the whole object) of a validly
+    signed request, or the error response to send."""
     store = request.app[STORE]
     if not isinstance(store, SignedLocalStore):
         return error_response(404, "not_found", "this server does not serve store objects")
     key = request.match_info["key"]
     try:
         validate_key(key)
-        signing.check(store.signing_key, method, key, request.query)
+        scope = signing.check(store.signing_key, method, key, request.query)
     except InvalidKey:
         # A key no URL of ours could name: no signature for it exists either.
         return error_response(403, "bad_signature", "signature does not match")
     except signing.SignatureError as e:
         return error_response(403, e.code, str(e))
-    return store, key
+    return store, key, scope
 
 
 def parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -87,7 +93,11 @@ async def get_object(request: web.Request) -> web.StreamResponse:
     authorized = _authorize(request, "GET")
     if isinstance(authorized, web.Response):
         return authorized
-    store, key = authorized
+    store, key, scope = authorized
+    if scope is not None:
+        readable = request.app.get(INPUT_READABLE)
+        if readable is None or not await readable(scope.token, scope.start, scope.end):
+            return _lease_ended("its input can no longer be read")
     try:
         obj = await store.open(store.uri_for(key))
     except ObjectNotFound:
@@ -99,9 +109,20 @@ async def get_object(request: web.Request) -> web.StreamResponse:
         try:
             byte_range = parse_range(header, obj.size) if header else None
         except ValueError:
+            if scope is not None:
+                return _outside(scope, header, obj.size)
             return error_response(416, "range_not_satisfiable",
                                   f"range {header!r} is outside the object ({obj.size} bytes)",
                                   headers={"Content-Range": f"bytes */{obj.size}"})
+        if scope is not None:
+            # A scoped URL serves its signed range, or a part of it, and never another byte: no Range
+            # (or one ignored: malformed, several ranges) is the whole signed range.
+            if byte_range is None:
+                byte_range = (min(scope.start, obj.size), min(scope.end, obj.size))
+                if byte_range[0] == byte_range[1]:
+                    return _outside(scope, header, obj.size)  # the object is shorter than the range
+            elif not scope.start <= byte_range[0] < byte_range[1] <= scope.end:
+                return _outside(scope, header, obj.size)
         response = web.StreamResponse(status=200 if byte_range is None else 206)
         start, end = (0, obj.size) if byte_range is None else byte_range
         if byte_range is not None:
@@ -121,7 +142,7 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     authorized = _authorize(request, "PUT")
     if isinstance(authorized, web.Response):
         return authorized
-    store, key = authorized
+    store, key, _ = authorized
     writable = request.app.get(OUTPUT_WRITABLE)
     if writable is None or not await writable(key):
         return _lease_ended()
@@ -139,9 +160,16 @@ async def put_object(request: web.Request) -> web.StreamResponse:
     return web.Response(body=jsoncodec.dumps({"uri": uri, "size": size}), content_type="application/json")
 
 
-def _lease_ended() -> web.Response:
+def _lease_ended(consequence: str = "its output can no longer change") -> web.Response:
     return error_response(403, "lease_ended", "this URL's lease is no longer live (completed, failed, "
-                                              "released, lost or cancelled): its output can no longer change")
+                                              f"released, lost or cancelled): {consequence}")
+
+
+def _outside(scope: signing.Scope, header: str | None, size: int) -> web.Response:
+    asked = f"Range {header!r} asks for others" if header else f"the object holds only {size} bytes"
+    return error_response(416, "range_not_signed",
+                          f"this URL reads bytes [{scope.start}, {scope.end}) of the object (its lease's input "
+                          f"range) and no others; {asked}", headers={"Content-Range": f"bytes */{size}"})
 
 
 class _LeaseEnded(Exception):
