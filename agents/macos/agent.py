@@ -499,13 +499,17 @@ class Agent:
             await asyncio.sleep(self.registration.heartbeat_interval_s)
             tokens = self.held_leases()
             try:
-                states = await self._client.heartbeat(self.registration.executor_id, tokens)
+                states, input_urls = await self._client.heartbeat_renewing(self.registration.executor_id, tokens)
             except Conflict as exc:
-                states = dict.fromkeys(tokens, "lost")
+                states, input_urls = dict.fromkeys(tokens, "lost"), {}
                 log.warning("heartbeat_refused", error=str(exc))
             except Rejected as exc:
                 log.warning("heartbeat_refused", error=str(exc))
                 continue
+            for token, url in input_urls.items():
+                # A renewed lease's fresh input URL: its download (or a retry of it) reads it from here.
+                if (renewed := self._jobs.get(token)) is not None:
+                    renewed.claim.subtask.input.url = url
             for token, state in states.items():
                 job = self._jobs.get(token)
                 # A lease whose complete is in flight is left to that complete's answer: the server

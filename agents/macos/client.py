@@ -10,6 +10,7 @@ executor is gone (`Conflict`), other 4xx (`Rejected`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -133,10 +134,19 @@ class ExecutorClient:
 
     async def heartbeat(self, executor_id: str, tokens: list[str]) -> dict[str, str]:
         """The state of each held lease: ok, lost or cancelled."""
+        return (await self.heartbeat_renewing(executor_id, tokens))[0]
+
+    async def heartbeat_renewing(self, executor_id: str, tokens: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """The state of each held lease (ok, lost or cancelled; one the answer leaves out is lost), and
+        the fresh input URLs the server sent for leases it renewed (`input_urls`; none from a server
+        before them, or for a lease whose input rode inline)."""
         _, body = await self._api("POST", f"/executors/{executor_id}/heartbeat",
                                   protocol.to_builtins(protocol.Heartbeat(leases=tokens)))
         states = body.get("leases", {}) if isinstance(body, dict) else {}
-        return {token: str(states.get(token, "lost")) for token in tokens}
+        urls = body.get("input_urls") if isinstance(body, dict) else None
+        renewed = {token: url for token, url in urls.items()
+                   if token in tokens and isinstance(url, str) and url} if isinstance(urls, dict) else {}
+        return {token: str(states.get(token, "lost")) for token in tokens}, renewed
 
     async def complete(self, token: str, records: int, seconds: float, output: bytes | None = None) -> None:
         """Commit a lease whose output was PUT, or carry the (small) output inline."""
@@ -183,10 +193,15 @@ class ExecutorClient:
             return ref.data.encode()
         if ref.url is None:  # parse_claim(s) refuses such an answer; never a GET of nothing
             raise protocol.ProtocolError("an input with neither a URL nor inline data")
+        # Exactly this header: an S3 input URL is signed with it, and the local store's serves this
+        # range alone.
         headers = {"Range": f"bytes={ref.start}-{ref.end - 1}"}
         attempt = 0
         while True:
-            status, body = await self._store_request("GET", ref.url, headers=headers, attempt=attempt)
+            # `ref.url` read at every try: a heartbeat may have renewed it meanwhile (the agent writes
+            # the server's `input_urls` into the lease it holds).
+            status, body = await self._store_request("GET", lambda: ref.url or "", headers=headers,
+                                                     attempt=attempt)
             if status == 200:
                 body = body[ref.start : ref.end]  # a store that ignores Range sends the whole object
             if status in (200, 206) and len(body) == size:
@@ -238,16 +253,17 @@ class ExecutorClient:
     async def _store_request(
         self,
         method: str,
-        url: str,
+        url: str | Callable[[], str],
         *,
         attempt: int,
         headers: dict[str, str] | None = None,
         data: bytes | None = None,
     ) -> tuple[int, bytes]:
-        # Presigned URLs are already percent-encoded; yarl must not encode them again (it would
-        # turn %2F in the signature into %252F and break it).
-        target = yarl.URL(url, encoded=True)
+        """`url`: the URL, or where to read it at each try (one a heartbeat renews)."""
         while True:
+            # Presigned URLs are already percent-encoded; yarl must not encode them again (it would
+            # turn %2F in the signature into %252F and break it).
+            target = yarl.URL(url() if callable(url) else url, encoded=True)
             asked: float | None = None
             try:
                 async with self.session.request(
