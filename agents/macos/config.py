@@ -113,7 +113,8 @@ class AgentConfig:
     # when the agent shares Ollama's environment (the usual case); 1 is Ollama's own default.
     ollama_parallel: int = 1
     # Leases held at once (the pipeline: one computing, the next ones claimed and fetched); what a
-    # vanishing machine strands until the lease timeout. None: what it finishes in one heartbeat.
+    # vanishing machine strands until the lease timeout. None: as deep as the subtasks' measured
+    # duration calls for (claim_depth.py: 2 for long ones, deeper for short ones).
     max_leases: int | None = None
 
     def validate(self) -> AgentConfig:
