@@ -21,6 +21,7 @@ makes them fast).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -197,7 +198,7 @@ def choose(
             stop()
         precise = variants[name] = apply(torch, model, device, name)
         measured[name] = {"cosine": min_row_cosine(torch, embed(precise, texts), reference)}
-    timings = time_alternating({name: (lambda p=p: embed(p, texts)) for name, p in variants.items()}, stop)
+    timings = time_alternating({name: functools.partial(embed, p, texts) for name, p in variants.items()}, stop)
     for name, figures in summarize(timings).items():
         measured[name].update(figures)
     best = select(measured, min_cosine)
