@@ -41,6 +41,9 @@ class Settings:
 
     database_url: str = _setting("", "MINIONS_DATABASE_URL", "PostgreSQL URL of the services",
                                  {*_SERVICES, UP, MIGRATE})
+    # `minions up` without a database URL runs an embedded PostgreSQL on 127.0.0.1 (minions/embedded_pg.py).
+    db_port: int = _setting(0, "MINIONS_DB_PORT", "port of the embedded PostgreSQL of `minions up` on 127.0.0.1 "
+                            "(0: the one it had last, else a free one)", {UP})
     store: str = _setting("", "MINIONS_STORE", "object store: s3://bucket/prefix or file:///path", {*_SERVICES, UP})
     s3_endpoint_url: str = _setting("", "MINIONS_S3_ENDPOINT_URL", "endpoint of an S3-compatible store", _SERVICES)
     admin_token: str = _setting("", "MINIONS_ADMIN_TOKEN", "admin token that `minions up` installs", {UP})
@@ -150,6 +153,8 @@ class Settings:
             problems.append("MINIONS_INPUT_IN_DATABASE_BYTES must be <= 1048576 (1 MiB)")
         if self.max_claim < 1:
             problems.append("MINIONS_MAX_CLAIM must be >= 1")
+        if not 0 <= self.db_port <= 65535:
+            problems.append("MINIONS_DB_PORT must be a TCP port, 1-65535 (0: chosen for you)")
         if not 0 <= self.input_url_margin_s <= 86400:
             problems.append("MINIONS_INPUT_URL_MARGIN_S must be 0 to 86400 (a day)")
         for name in ("team_input_quota_bytes", "gc_grace_s", "gc_interval_s", "inline_input_bytes",

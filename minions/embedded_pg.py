@@ -62,7 +62,8 @@ def _run_as() -> str | None:
 
 @dataclass
 class EmbeddedPostgres:
-    """One PostgreSQL cluster in `pgdata`, listening on 127.0.0.1:`port`."""
+    """One PostgreSQL cluster in `pgdata`, listening on 127.0.0.1:`port` (0: the port it had last,
+    recorded in `pgdata`, else a free one)."""
 
     pgdata: Path
     port: int = 0
@@ -148,9 +149,11 @@ class EmbeddedPostgres:
     def start(self) -> None:
         self.init()
         self._allow_traversal()
-        (self.pgdata / "minions.port").write_text(str(self.port))
         if self.is_running():
-            return
+            if self._recorded_port() == self.port:
+                return
+            self.stop()  # left running on the port it had before: moved to the one asked for now
+        (self.pgdata / "minions.port").write_text(str(self.port))
         options = f"-p {self.port} -h 127.0.0.1 -k '' -c max_connections=300"
         if self.fast:
             options += " -c fsync=off"

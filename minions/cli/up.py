@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     settings = config.from_args(args)
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
+    if settings.db_port and settings.database_url:
+        raise SystemExit("minions up: --db-port (MINIONS_DB_PORT) is the embedded PostgreSQL's port; "
+                         "MINIONS_DATABASE_URL points at another database")
     data_dir: Path = args.data_dir.resolve()
     make_private_dir(data_dir)  # a new one is 0700 from the start
     # Before anything starts: a second `minions up` on this data dir (or on a taken port) must not
@@ -79,8 +82,12 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
     try:
         if not database_url:
             print(f"starting PostgreSQL in {data_dir / 'pg'} ...", flush=True)
-            pg = EmbeddedPostgres(data_dir / "pg")
-            await asyncio.to_thread(pg.start)
+            pg = EmbeddedPostgres(data_dir / "pg", port=settings.db_port)
+            try:
+                await asyncio.to_thread(pg.start)
+            except RuntimeError as exc:  # its port taken, most often: PostgreSQL's log says
+                raise SystemExit(f"minions up: PostgreSQL did not start on 127.0.0.1:{pg.port} (choose the port "
+                                 f"with --db-port or MINIONS_DB_PORT): {exc}") from None
             database_url = pg.url
         applied = await migrate(database_url)
         if applied:
@@ -103,7 +110,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         await supervisor.start("watchdog", "minions.services.watchdog", [], env)
         await _wait_healthy(api_url, supervisor)
 
-        executor_token = await _executor_token(data_dir, database_url)
+        # No local agent, no executor token: nothing would use it.
+        executor_token = await _executor_token(data_dir, database_url) if args.executors > 0 else ""
         for i in range(args.executors):
             # The machine's owner started these by hand: the idle/power/thermal policy is off.
             agent_args = ["--name", f"local-{i + 1}", "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
