@@ -1,4 +1,5 @@
-"""Issue 25, item 4: registration is bounded. A `hardware` object is at most a few KB (its JSON), one
+"""Issue 25, item 4: registration is bounded. A `hardware` object is at most a few KB (its JSON; a
+body over 1 MiB is not even decoded), one
 executor token holds at most MINIONS_MAX_EXECUTORS_PER_TOKEN executor names and adds at most
 MINIONS_REGISTRATIONS_PER_MINUTE new ones a minute (429 with Retry-After past it), enforced in the
 database (sql/360_bounded_registration.sql) so that API processes sharing it cannot together exceed a
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from minions.db.connect import connect
-from minions.services.api.routes.executors import MAX_HARDWARE_BYTES
+from minions.services.api.routes.executors import MAX_HARDWARE_BYTES, MAX_REGISTRATION_BYTES
 from minions.testing.factories import make_token
 from tests.support.api import ApiHarness, Reply, running_api
 
@@ -34,6 +35,9 @@ async def test_a_hardware_object_over_the_cap_is_refused_and_not_stored(database
         big = await _register(api, "big", {"os": "test", "junk": "x" * 100_000})
         assert big.status == 422, big.body
         assert big.error["fields"]["hardware"] == f"at most {MAX_HARDWARE_BYTES:,} bytes as JSON"
+        huge = await _register(api, "huge", {"os": "test", "junk": "x" * 24_000_000})  # the issue's 24 MB
+        assert huge.status == 413 and huge.error["code"] == "too_large", huge.body
+        assert f"{MAX_REGISTRATION_BYTES:,} bytes" in huge.error["message"]
         just = await _register(api, "fits", {"os": "x" * (MAX_HARDWARE_BYTES - len('{"os":""}'))})
         assert just.status == 201, just.body
         assert await _names(api) == ["fits"]

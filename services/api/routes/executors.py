@@ -34,6 +34,9 @@ URL_LIFETIME_S = 12 * 3600.0
 # What a machine says of itself at registration; an agent's report (its hardware, the precision of each
 # model it loaded) is a few hundred bytes. Every executor list carries it.
 MAX_HARDWARE_BYTES = 8 * 1024
+# A registration at its largest (1,024 model names of 256 characters, the hardware above) is under
+# 300 KB; a larger body is refused before it is decoded.
+MAX_REGISTRATION_BYTES = 1024 * 1024
 
 
 def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -> list[str]:
@@ -77,7 +80,7 @@ def _preferences(value: Any, principal: Principal, errors: dict[str, str]) -> li
 @routes.post("/api/v1/executors/register")
 async def register(request: web.Request) -> web.Response:
     principal = require(request, "executor")
-    body = await json_object(request)
+    body = await json_object(request, limit=MAX_REGISTRATION_BYTES)
     errors: dict[str, str] = {}
     name = body.get("name")
     if not isinstance(name, str) or not 1 <= len(name) <= 128:
