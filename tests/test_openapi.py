@@ -42,11 +42,12 @@ def _documented(doc: dict[str, Any]) -> set[tuple[str, str]]:
 
 def _routed(app: web.Application) -> set[tuple[str, str]]:
     """The client API's operations: /api/v1 less the store's signed-URL routes (not part of it, see the
-    document's description); HEAD is aiohttp's automatic twin of each GET."""
+    document's description), and OpenAI's /v1; HEAD is aiohttp's automatic twin of each GET."""
     operations = set()
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
-        if route.method != "HEAD" and path.startswith("/api/v1/") and not path.startswith("/api/v1/store/"):
+        client_api = path.startswith(("/api/v1/", "/v1/")) and not path.startswith("/api/v1/store/")
+        if route.method != "HEAD" and client_api:
             operations.add((route.method, path))
     return operations
 

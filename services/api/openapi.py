@@ -13,6 +13,7 @@ from typing import Any
 from minions import protocol
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES, Param
 from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
+from minions.services.api.openai import document as openai_document
 from minions.services.api.validation import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
 
@@ -46,9 +47,10 @@ the lease is live, as a PUT is taken only then (else 403 `lease_ended`), and a P
 `MINIONS_MAX_OUTPUT_BYTES`, default 256 MiB, is 413 `too_large` and stores nothing. This document
 itself is served, without a token, at `GET /api/openapi.json`.
 
-Not described here either: OpenAI's API under `/v1` (files, batches, embeddings, chat completions,
-completions), served with the same tokens. Its contract is OpenAI's own published API; docs/OPENAI.md
-lists what of it is supported and every deliberate difference.
+OpenAI's API under `/v1` (files, batches, embeddings, chat completions, completions; tag `openai`),
+served with the same tokens, is described as this server takes and answers it: OpenAI's shapes, with
+Minions' error shape. docs/OPENAI.md lists what of OpenAI's API is supported and every deliberate
+difference.
 """
 
 
@@ -786,6 +788,13 @@ def _batched_lease_paths(lease_errors: dict[str, str]) -> dict[str, Schema]:
     }
 
 
+def _with_openai(paths: dict[str, Schema]) -> dict[str, Schema]:
+    """The /v1 operations placed before the token operations, which stay last (see _paths)."""
+    tokens = {path: item for path, item in paths.items() if path.startswith("/api/v1/tokens")}
+    rest = {path: item for path, item in paths.items() if path not in tokens}
+    return {**rest, **openai_document.paths(), **tokens}
+
+
 def document(server_url: str | None = None) -> dict[str, Any]:
     """The OpenAPI 3.0.3 document of the API; `server_url` (e.g. "http://127.0.0.1:8080") becomes its
     server, otherwise paths are relative to wherever the document was fetched from."""
@@ -800,16 +809,18 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "tokens", "description": "Token lifecycle (admins)."},
             {"name": "health", "description": "Liveness, for load balancers."},
             {"name": "meta", "description": "The kinds and statuses this server knows (any token)."},
+            {"name": openai_document.TAG, "description": "OpenAI's API under /v1 (docs/OPENAI.md)."},
         ],
         "security": [{"bearerAuth": []}],
-        "paths": _paths(),
+        "paths": _with_openai(_paths()),
         "components": {
             "securitySchemes": {
                 "bearerAuth": {"type": "http", "scheme": "bearer",
                                "description": "An API token (`minions token create`)."},
             },
             # The executor protocol's messages: generated from their one definition (minions/protocol.py).
-            "schemas": {**_request_schemas(), **_response_schemas(), **protocol.openapi_schemas()},
+            "schemas": {**_request_schemas(), **_response_schemas(), **protocol.openapi_schemas(),
+                        **openai_document.schemas()},
             "responses": {
                 "Unauthorized": {
                     **_error("No bearer token, or an unknown or revoked one (`unauthorized`)."),

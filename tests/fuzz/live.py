@@ -3,13 +3,14 @@ its OpenAPI route, runs on its own event loop in a background thread, on a real 
 database; `LiveApi.run` executes a coroutine on that loop.
 
 Seeded with something to aim at, so fuzzed requests reach past "404 not found": a submitted task, a
-split and queued one, a registered executor and leases it holds.
+split and queued one, a registered executor and leases it holds, a /v1 file and a /v1 batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,18 +19,23 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
-from minions import cluster_settings
+from minions import cluster_settings, jsoncodec
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
 from minions.services.api.app import create_app
 from minions.services.api.routes import openapi as openapi_routes
 from minions.testing.factories import make_task, make_token
+from minions.testing.sleep_executor import SleepExecutor
 
 T = TypeVar("T")
 SUBMITTED = ("search", "ranker", "fuzz-submitted")
 QUEUED = ("search", "ranker", "fuzz-queued")
 LEASES = 3
+# The one model the interactive executor serves: fuzzed /v1 interactive requests name it, so they are
+# answered (no model a fuzzed registration makes up is ever served long enough to be waited on).
+FUZZ_MODEL = "fuzz-interactive-model"
+OPENAI_LINE = b'{"custom_id":"c","method":"POST","url":"/v1/embeddings","body":{"model":"m","input":"x"}}\n'
 SUBTASKS = 500
 
 
@@ -51,6 +57,46 @@ def app_with_openapi(settings: Settings) -> web.Application:
     return app
 
 
+INTERACTIVE = ("/v1/embeddings", "/v1/chat/completions", "/v1/completions")
+
+
+def aim_at_served_model(case: Any) -> None:
+    """A /v1 interactive request naming a valid model names FUZZ_MODEL instead: it is answered by the
+    interactive executor, never left waiting for an executor that a fuzzed registration made up (a
+    request whose model is the invalid part stays as it is)."""
+    body = case.body
+    if case.path in INTERACTIVE and isinstance(body, dict):
+        model = body.get("model")
+        if isinstance(model, str) and 1 <= len(model) <= 256 and "\x00" not in model:
+            body["model"] = FUZZ_MODEL
+
+
+class InteractiveExecutor(SleepExecutor):
+    """Serves FUZZ_MODEL for embeddings and completions with fixed answers, so that /v1's interactive
+    lane answers fuzzed requests end to end (submit, claim, complete, OpenAI's response)."""
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as session:
+            await self.register(session, kinds=["embedding", "completion"], models=[FUZZ_MODEL])
+            while not stop.is_set():
+                async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/claim",
+                                        params={"wait": "5"}, headers=self._headers()) as resp:
+                    lease = await resp.json() if resp.status == 200 else None
+                if lease is None:
+                    await asyncio.sleep(0.05)  # (the live server cuts a long poll to long_poll_s)
+                    continue
+                await self.answer(session, lease)
+
+    async def answer(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
+        sub, started = lease["subtask"], time.monotonic()
+        records = await self._download(session, sub)
+        out = b"".join(jsoncodec.dumps_line(
+            {"id": r["id"], "embedding": [0.5, -0.25], "usage": {"prompt_tokens": 1}} if "text" in r
+            else {"id": r["id"], "text": "ok", "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            for r in records)
+        await self.complete(session, lease["lease"]["token"], sub, len(records), started, out)
+
+
 @dataclass
 class Seeds:
     """Real identifiers, for fuzzed path parameters to hit now and then."""
@@ -58,6 +104,8 @@ class Seeds:
     tasks: list[tuple[str, str, str]] = field(default_factory=list)
     executor_ids: list[str] = field(default_factory=list)
     lease_tokens: list[str] = field(default_factory=list)
+    file_ids: list[str] = field(default_factory=list)  # /v1 files
+    batch_ids: list[str] = field(default_factory=list)  # /v1 batches
 
 
 class LiveApi:
@@ -78,6 +126,8 @@ class LiveApi:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="live-api", daemon=True)
         self._runner: web.AppRunner | None = None
+        self._stop_executor = asyncio.Event()
+        self._executor: asyncio.Task[None] | None = None
 
     def __enter__(self) -> LiveApi:
         self._thread.start()
@@ -89,6 +139,8 @@ class LiveApi:
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._executor is not None:
+            self._loop.call_soon_threadsafe(self._executor.cancel)
         if self._runner is not None:
             self.run(self._runner.cleanup())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -119,12 +171,15 @@ class LiveApi:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         await self._seed()
+        executor = InteractiveExecutor(self.url, self.executor, "fuzz-interactive-executor")
+        self._executor = asyncio.ensure_future(executor.serve(self._stop_executor))
 
     async def _seed(self) -> None:
         async with aiohttp.ClientSession(self.url) as session:
             async def post(path: str, token: str, body: Any = None) -> Any:
                 headers = {"Authorization": f"Bearer {token}"}
-                async with session.post(path, json=body, headers=headers) as resp:
+                sent = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
+                async with session.post(path, headers=headers, **sent) as resp:
                     assert resp.status in (200, 201), (path, resp.status, await resp.text())
                     return await resp.json()
 
@@ -140,3 +195,14 @@ class LiveApi:
             for _ in range(LEASES):
                 lease = await post(f"/api/v1/executors/{executor_id}/claim?wait=0", self.executor)
                 self.seeds.lease_tokens.append(lease["lease"]["token"])
+
+            # /v1: a batch input file, and a batch made of it (failed validation: no executor serves
+            # the model here, so it has ended and its files can be read).
+            form = aiohttp.FormData()
+            form.add_field("purpose", "batch")
+            form.add_field("file", OPENAI_LINE * 3, filename="fuzz.jsonl", content_type="application/jsonl")
+            uploaded = await post("/v1/files", self.admin, form)
+            batch = await post("/v1/batches", self.admin, {
+                "input_file_id": uploaded["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"})
+            self.seeds.file_ids.append(uploaded["id"])
+            self.seeds.batch_ids.append(batch["id"])

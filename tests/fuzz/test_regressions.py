@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from minions.services.api.openapi import document
-from tests.fuzz.live import QUEUED, LiveApi
+from tests.fuzz.live import FUZZ_MODEL, QUEUED, LiveApi
 
 SLEEP_TASK = {"team": "search", "project": "ranker", "name": "regression", "kind": "sleep",
               "input": {"records": [{"id": "a", "ms": 1}]}}
@@ -64,6 +64,12 @@ CASES = [
           {"records": 2**31}, "executor"),
     _case("fail-error-nul", "POST", "/api/v1/leases/{token}/fail", f"/api/v1/leases/{TOKEN}/fail",
           {"error": "a\u0000b"}, "executor"),
+    # /v1 (issue 25, items 6 and 7): NUL into openai_files.id lookups; a multipart body with no boundary.
+    _case("v1-batch-file-nul", "POST", "/v1/batches", "/v1/batches",
+          {"input_file_id": "file-\u0000", "endpoint": "/v1/embeddings", "completion_window": "24h"}),
+    _case("v1-file-path-nul", "GET", "/v1/files/{file_id}", "/v1/files/file-%00"),
+    _case("v1-files-after-nul", "GET", "/v1/files", "/v1/files?after=%00"),
+    _case("v1-batch-path-nul", "POST", "/v1/batches/{batch_id}/cancel", "/v1/batches/batch_%00/cancel"),
 ]
 
 
@@ -77,3 +83,25 @@ def test_no_server_error(live: LiveApi, http: requests.Session, method: str, ope
         response.status_code, response.text)
     if response.status_code >= 400:
         assert response.json()["error"]["code"]  # every refusal is the shared error shape
+
+
+def test_multipart_without_a_boundary_is_a_400(live: LiveApi, http: requests.Session) -> None:
+    response = http.post(live.url + "/v1/files", data=b"--x\r\n", headers={
+        "Authorization": f"Bearer {live.admin}", "Content-Type": "multipart/form-data"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "malformed_body"
+
+
+@pytest.mark.parametrize(("path", "body", "answer"), [
+    ("/v1/embeddings", {"input": ["a", "b"], "encoding_format": "base64"}, "list"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "chat.completion"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 3}, "text_completion"),
+])
+def test_the_interactive_lane_answers_fuzzed_requests(live: LiveApi, http: requests.Session, path: str,
+                                                      body: dict[str, Any], answer: str) -> None:
+    """The fuzz run reaches the interactive lane's answers, not only its refusals: live.py's executor
+    serves FUZZ_MODEL."""
+    response = http.post(live.url + path, json={**body, "model": FUZZ_MODEL},
+                         headers={"Authorization": f"Bearer {live.admin}"}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == answer

@@ -54,6 +54,7 @@ async def upload_file(request: web.Request) -> web.Response:
     purpose: str | None = None
     stored: tuple[str, int, str] | None = None  # uri, bytes, filename
     file_id = new_id("file-")
+    unknown: list[str] = []  # fields refused, not ignored: a client must not believe one took effect
     try:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -67,6 +68,7 @@ async def upload_file(request: web.Request) -> web.Response:
                 stored = (uri, size, part.filename or "upload.jsonl")
             else:
                 await part.release()
+                unknown.append(part.name or "")
     except (ValueError, AssertionError, HttpProcessingError) as exc:  # a malformed multipart body
         if stored is not None:
             await store.delete(stored[0])
@@ -78,6 +80,8 @@ async def upload_file(request: web.Request) -> web.Response:
         problems["file"] = "is required"
     elif stored[1] == 0:
         problems["file"] = "is empty"
+    for name in unknown:
+        problems[name] = "only one file is taken" if name == "file" else "unknown field (purpose and file are taken)"
     if problems:
         if stored is not None:
             await store.delete(stored[0])
