@@ -20,7 +20,9 @@ import pytest
 
 from minions import jsoncodec
 from minions.agents.macos.install import render_launchd, render_systemd
+from minions.db.connect import connect
 from minions.embedded_pg import free_port
+from minions.testing.factories import make_token
 from minions.testing.sleep_executor import SleepExecutor
 from minions.testing.waiting import eventually
 from tests.support.paths import REPO
@@ -88,8 +90,14 @@ async def test_minions_up_keeps_the_store_and_logs_to_their_owner(database_url: 
                         "team": "search", "project": "modes", "name": name, "kind": "sleep",
                         "input": records, "subtask_size": 1}) as resp:
                     assert resp.status == 201, await resp.text()
-        # Results, written through the store's signed PUT URLs by an executor.
-        executor = SleepExecutor(api, (data_dir / "executor.token").read_text().strip(), "modes-executor")
+        # Results, written through the store's signed PUT URLs by an executor (`up` without local
+        # agents makes no executor token: one is made here).
+        conn = await connect(database_url)
+        try:
+            executor_token, _ = await make_token(conn, "executor")
+        finally:
+            await conn.close()
+        executor = SleepExecutor(api, executor_token, "modes-executor")
         stop = asyncio.Event()
         runner = asyncio.create_task(executor.run(stop, wait_s=1))
         await eventually(lambda: _now(len(executor.completed) >= 4), "four subtasks done", timeout_s=60)
