@@ -5,6 +5,8 @@ about 70 times once translated into records), so a body is bounded twice: in byt
 (MINIONS_OPENAI_MAX_REQUEST_BYTES: an interactive body, or one line of a batch input file) and in
 values. ijson's event stream (C backend, constant memory) counts the values, and the inputs of an
 embeddings request, and stops at the first one past a limit; only a request within both is decoded.
+A request of at most SCAN_ABOVE bytes is decoded without the scan (whatever it holds, it decodes into
+a few MB at most), and its inputs are counted once decoded.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import ijson
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.bodies import MAX_JSON_DEPTH
+from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than
 from minions.services.api.errors import ApiError, bad_request, invalid
 from minions.services.api.inline_records import BufferReader
 from minions.services.api.openai.translate import LineError
@@ -24,6 +26,7 @@ from minions.services.api.openai.translate import LineError
 MAX_INPUTS = 2048  # per embeddings request, as OpenAI's
 MAX_VALUES = 100_000  # JSON values (strings, numbers, objects, arrays...) per request: ~10 MB decoded
 THREAD_ABOVE = 1 << 20  # bodies larger than this are scanned and decoded in a thread
+SCAN_ABOVE = 64 * 1024  # bodies and lines larger than this are scanned before they are decoded
 SETTING = "MINIONS_OPENAI_MAX_REQUEST_BYTES"
 _CLOSE = frozenset({"end_map", "end_array"})
 
@@ -58,7 +61,8 @@ async def read_bounded(request: web.Request, limit: int) -> bytearray:
 
 def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
     try:
-        scan(raw, endpoint)
+        if len(raw) > SCAN_ABOVE:
+            scan(raw, endpoint)
     except LineError as exc:
         if exc.code == "too_deep":
             raise bad_request(exc.message, "too_deep") from None
@@ -69,6 +73,8 @@ def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
         raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object")
+    if len(raw) <= SCAN_ABOVE and nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise bad_request(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "too_deep")
     return value
 
 

@@ -1,6 +1,7 @@
 """A batch's input file, checked line by line and translated into its task's records as it streams
 (constant memory but for the set of custom_ids). A line is bounded before it is decoded (bounds.py):
-in bytes (MINIONS_OPENAI_MAX_REQUEST_BYTES, `line_too_long`), in JSON values and in inputs."""
+in bytes (MINIONS_OPENAI_MAX_REQUEST_BYTES, `line_too_long`), and a long one in JSON values and in
+inputs; a short one's inputs are counted once decoded."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minions import jsoncodec
-from minions.services.api.openai.bounds import SETTING, scan
+from minions.services.api.openai.bounds import MAX_INPUTS, SCAN_ABOVE, SETTING, scan
 from minions.services.api.openai.lines import Overlong
 from minions.services.api.openai.translate import MAX_ERRORS, LineError, parse_request_line
 
@@ -51,8 +52,11 @@ class InputCheck:
                 continue
             self.requests += 1
             try:
-                scan(line, self.endpoint, within="body")
+                if len(line) > SCAN_ABOVE:
+                    scan(line, self.endpoint, within="body")
                 request = parse_request_line(line, line_no, self.endpoint)
+                if self.endpoint == "/v1/embeddings" and len(request.records) > MAX_INPUTS:
+                    raise LineError("invalid_request", f"at most {MAX_INPUTS} inputs per request", "body.input")
             except LineError as exc:
                 self.error(line_no, exc.code, exc.message, exc.param)
                 continue
