@@ -11,7 +11,9 @@ cannot choose addresses that crowd one bucket. An address that finds its bucket 
 limit: the cap then holds per worker for it, as it did before the counts were shared.
 
 A worker that dies takes its counts with it only in the sense that they are never given back; the
-parent then stops every worker (prefork.py), and the table goes with them.
+parent then stops every worker (prefork.py), and the table goes with them. A single-process API
+keeps the same table in private memory; so does a pre-fork on a host without POSIX semaphores (no
+/dev/shm), where the cap then holds per worker, as a warning at start says.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ import mmap
 import multiprocessing
 import os
 import struct
+import threading
 from collections import Counter
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from hashlib import blake2b
+
+from minions.logging import get_logger
+
+log = get_logger(__name__)
 
 BUCKETS = 8192
 SLOTS = 8
@@ -38,12 +46,19 @@ class Held:
 
 
 class ConnectionCounts:
-    """Open connections per address; make one before forking the workers that share it."""
+    """Open connections per address; for `workers` > 1, made before forking the workers that share it."""
 
-    def __init__(self, buckets: int = BUCKETS, slots: int = SLOTS) -> None:
+    def __init__(self, *, workers: int = 1, buckets: int = BUCKETS, slots: int = SLOTS) -> None:
         self._buckets, self._slots = buckets, slots
-        self._table = mmap.mmap(-1, buckets * slots * _ENTRY.size)  # anonymous and MAP_SHARED: kept across fork
-        self._lock = multiprocessing.Lock()
+        lock: AbstractContextManager[bool] = threading.Lock()
+        flags = mmap.MAP_PRIVATE
+        if workers > 1:
+            try:
+                lock, flags = multiprocessing.Lock(), mmap.MAP_SHARED  # both kept across fork
+            except OSError as exc:
+                log.warning("connection_cap_per_worker", workers=workers, reason=str(exc))
+        self._lock = lock
+        self._table = mmap.mmap(-1, buckets * slots * _ENTRY.size, flags=flags)  # anonymous: zeros
         self._secret = os.urandom(16)
         self._local: Counter[bytes] = Counter()  # addresses whose bucket was full, in this process
 

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     # address's connections are counted once for all of them (made here, before the fork).
     listen_fd = os.environ.get("MINIONS_LISTEN_FD")
     shared = socket.socket(fileno=int(listen_fd)) if listen_fd else None
-    counts = ConnectionCounts()
+    counts = ConnectionCounts(workers=args.workers)
     return prefork.run_workers(args.workers, shared,
                                lambda: _serve_here(settings, shared, reuse_port=True, counts=counts))
 

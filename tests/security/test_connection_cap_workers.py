@@ -62,6 +62,17 @@ async def test_the_cap_holds_per_address_across_workers_and_a_refusal_is_one_war
     api = services.start("api")
     await services.wait_healthy()
 
+    async def both_workers_listen() -> bool:  # the first to listen makes the API healthy; wait for both
+        seen = set()
+        for _ in range(20):
+            reader, writer = await _open(services.port)
+            seen.add(await _worker(reader, writer))
+            writer.close()
+        return len(seen) == 2
+
+    await eventually(both_workers_listen, "both workers listening", timeout_s=30)
+    await asyncio.sleep(1)  # the servers saw those connections close and gave their counts back
+
     connections = [await _open(services.port) for _ in range(3 * PER_IP)]
     try:
         refusals = await asyncio.gather(*(_refusal(reader) for reader, _ in connections))
