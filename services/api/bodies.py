@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -17,7 +17,7 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
     """The body as a JSON object; `limit`: a route's own cap on its size, below the API's (a body
     that needs no more is never read, let alone decoded, past it)."""
     if limit is not None:
-        raw = await _read_within(request, limit)
+        raw = bytes(await read_within(request, limit))
     else:
         try:
             raw = await request.read()
@@ -46,15 +46,23 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
 MAX_JSON_DEPTH = 64  # no body of the API needs more; orjson writes at most 255
 
 
-async def _read_within(request: web.Request, limit: int) -> bytes:
+async def read_within(request: web.Request, limit: int, too_large: Callable[[int], ApiError] | None = None
+                      ) -> bytearray:
+    """The body, refused (413, `too_large(limit)`) on a Content-Length over `limit` before a byte is
+    read, or as soon as a chunked body passes it: never more than `limit` bytes (and a chunk) held."""
+    error = too_large or _over_route_limit
     if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "too_large", f"request body over {limit:,} bytes, the limit of this route")
+        raise error(limit)
     body = bytearray()
     async for chunk in request.content.iter_chunked(1 << 16):
         body += chunk
         if len(body) > limit:
-            raise ApiError(413, "too_large", f"request body over {limit:,} bytes, the limit of this route")
-    return bytes(body)
+            raise error(limit)
+    return body
+
+
+def _over_route_limit(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"request body over {limit:,} bytes, the limit of this route")
 
 
 def nested_deeper_than(value: Any, limit: int) -> bool:

@@ -18,7 +18,7 @@ import ijson
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than
+from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than, read_within
 from minions.services.api.errors import ApiError, bad_request, invalid
 from minions.services.api.inline_records import BufferReader
 from minions.services.api.openai.translate import LineError
@@ -40,23 +40,12 @@ async def read_request(request: web.Request, limit: int, endpoint: str) -> dict[
     """The JSON object body of an interactive /v1 request: 413 past `limit` bytes (refused on its
     Content-Length before a byte is read), 400 when it is not JSON or too deep, 422 past MAX_INPUTS
     or MAX_VALUES; decoded only once it is within them."""
-    raw = await read_bounded(request, limit)
+    raw = await read_within(request, limit, too_large)
     if not raw.strip():
         raise bad_request("request body is empty; a JSON object is required")
     if len(raw) > THREAD_ABOVE:
         return await asyncio.to_thread(_decode, raw, endpoint)
     return _decode(raw, endpoint)
-
-
-async def read_bounded(request: web.Request, limit: int) -> bytearray:
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large(limit)
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > limit:
-            raise too_large(limit)
-    return body
 
 
 def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
