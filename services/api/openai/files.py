@@ -4,6 +4,7 @@ its bytes back)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -69,10 +70,12 @@ async def upload_file(request: web.Request) -> web.Response:
             else:
                 await part.release()
                 unknown.append(part.name or "")
-    except (ValueError, AssertionError, HttpProcessingError) as exc:  # a malformed multipart body
+    except BaseException as exc:  # a malformed multipart body, or one cut off (timeout, client gone)
         if stored is not None:
-            await store.delete(stored[0])
-        raise ApiError(400, "malformed_body", f"malformed multipart body: {exc}") from None
+            await asyncio.shield(store.delete(stored[0]))  # no stored file without its row
+        if isinstance(exc, ValueError | AssertionError | HttpProcessingError):
+            raise ApiError(400, "malformed_body", f"malformed multipart body: {exc}") from None
+        raise
     problems = {}
     if purpose not in PURPOSES:
         problems["purpose"] = "must be batch"
