@@ -12,3 +12,9 @@ NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
 
 def is_name(value: object) -> bool:
     return isinstance(value, str) and NAME.match(value) is not None
+
+
+# A model fingerprint (what an executor reports it loaded: a Hugging Face commit, sha256:<hex> of the
+# model's files, an Ollama digest), also the revision of a task's `model` given as name@revision.
+FINGERPRINT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,159}\Z")
+FINGERPRINT_RULE = "1-160 characters of [A-Za-z0-9:._-], starting with a letter or digit"

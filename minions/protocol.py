@@ -57,6 +57,21 @@ _PREFERENCE_RULE = {"anyOf": [
 ]}
 
 
+_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
+
+
+class ModelFingerprint(Struct, kw_only=True):
+    """What the executor loaded for one model it serves (sql/390): the task it starts is pinned to it."""
+
+    model: Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL,
+                               description="One of the registration's `models`.")]
+    fingerprint: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,159}$", description=(
+        "The Hugging Face commit of the snapshot loaded, else `sha256:<hex>` over the model folder's files; "
+        "Ollama: `sha256:<digest>`."))]
+    precision: Annotated[str, Meta(pattern=_LABEL, description="fp32, bf16, fp16, or the backend's own.")] | None = None
+    backend: Annotated[str, Meta(pattern=_LABEL, description="transformers, ollama, ...")] | None = None
+
+
 class ExecutorRegistration(Struct, kw_only=True):
     name: Annotated[str, Meta(min_length=1, max_length=128, pattern=NO_NUL, description=(
         "The machine's name; registering again with the same name and token updates that executor."))]
@@ -69,6 +84,9 @@ class ExecutorRegistration(Struct, kw_only=True):
                       Meta(max_length=1024)] | None = None
     preferences: Annotated[list[Annotated[Preference, Meta(extra_json_schema=_PREFERENCE_RULE)]],
                            Meta(max_length=32, description="Work to take first, in order.")] | None = None
+    fingerprints: Annotated[list[ModelFingerprint], Meta(max_length=1024, description=(
+        "Per model, what it loaded (one entry per model). Absent (older agents): each model it serves counts "
+        "as its own fingerprint, `unknown:<executor id>`."))] | None = None
 
 
 class Registered(Struct, kw_only=True):

@@ -196,7 +196,8 @@ def _task_request(kind: str) -> Schema:
     records: Schema = {"type": "array", "minItems": 1, "items": _ref(_RECORD_SCHEMA[kind]),
                        "description": "Inline input records (ids unique)."}
     model: Schema = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": NOT_BLANK_NO_NUL,
-                     "description": "1-256 characters (surrounding whitespace is dropped)."}
+                     "description": "1-256 characters (surrounding whitespace is dropped). `name@revision` pins "
+                                    "the task to executors whose fingerprint for the model is that revision."}
     if kind == "sleep":
         model = {**model, "default": "sleep"}
     return {
@@ -333,6 +334,10 @@ def _response_schemas() -> dict[str, Schema]:
             "name": {"type": "string"},
             "kind": {"type": "string", "enum": list(KINDS)},
             "model": {"type": "string"},
+            "fingerprint": _nullable({"type": "string", "description": (
+                "The model identity every result comes from: the revision of a `model` submitted as "
+                "name@revision, else fixed by the first lease (`unknown:<executor id>` when that executor "
+                "reported none); null until then, and for sleep.")}),
             "params": {"type": "object"},
             "priority": {"type": "integer"},
             "subtask_size": {"type": "integer", "minimum": 1},
@@ -375,6 +380,8 @@ def _response_schemas() -> dict[str, Schema]:
                 "started_at": _timestamp(),
                 "ended_at": _timestamp(nullable=True),
                 "seconds": _nullable({"type": "number"}),
+                "fingerprint": _nullable({"type": "string", "description": "Of the model the attempt ran on."}),
+                "precision": _nullable({"type": "string", "description": "What the executor runs that model in."}),
             })},
         }),
         "SubtaskPage": _object({

@@ -18,6 +18,9 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
         "name": row["name"],
         "kind": row["kind"],
         "model": row["model"],
+        # The model identity its results come from: fixed at submission (model@revision) or by its
+        # first lease; null until then (and for sleep).
+        "fingerprint": row.get("fingerprint"),
         "params": row["params"],
         "priority": row["priority"],
         "subtask_size": row["subtask_size"],

@@ -8,7 +8,7 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, params_problems
-from minions.names import NAME, NAME_RULE
+from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME, NAME_RULE
 from minions.services.api.errors import bad_request, invalid
 from minions.services.api.inline_records import MalformedRecords, SpooledRecords, scan_records
 from minions.services.api.nul import NUL_RULE, nul_path
@@ -54,6 +54,8 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
     model = body.get("model", "sleep" if kind == "sleep" else None)
     if not isinstance(model, str) or not 1 <= len(model.strip()) <= 256:
         errors["model"] = "required: a model name of 1-256 characters"
+    elif kind != "sleep" and (problem := model_revision_problem(model.strip())) is not None:
+        errors["model"] = problem
 
     params = body.get("params", {})
     if params is None:
@@ -104,6 +106,18 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
         params=params, priority=priority, subtask_size=subtask_size, records=spooled,
         input_uri=input_uri, request_hash=fingerprint.hexdigest(),
     )
+
+
+def model_revision_problem(model: str) -> str | None:
+    """What is wrong with the revision of `name@revision` (it pins the task's model fingerprint: a
+    Hugging Face commit, a sha256:<hex> or an Ollama digest), or None (no revision, or a good one)."""
+    name, at, revision = model.rpartition("@")
+    if not at:
+        return None
+    if not name or not FINGERPRINT.fullmatch(revision):
+        return ("a model pinned to a revision is name@revision, the revision " + FINGERPRINT_RULE
+                + " (the fingerprint an executor reports for the model)")
+    return None
 
 
 def _validate_input(value: Any, errors: dict[str, str]) -> str | None:

@@ -191,3 +191,7 @@ SELECT * FROM minion_release_batch($1);
 SELECT p.part, p.first_subtask, p.last_subtask, p.key, p.sha256, p.bytes, p.records
 FROM result_parts p WHERE p.task_id = $1 AND minion_task_compacted($1)
 ORDER BY p.part;
+
+-- name: set_executor_fingerprints
+-- $1 executor id, $2 [{model, fingerprint, precision, backend}] (sql/390), in the registration's transaction.
+SELECT minion_set_executor_fingerprints($1, $2::jsonb);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import Any
 
@@ -13,7 +14,7 @@ from minions.config import Settings
 from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
-from minions.names import NAME
+from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, path_uuid, query_float, query_int
@@ -48,6 +49,45 @@ def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -
     if len(value) > limit:
         errors[field] = f"at most {limit} entries"
     return list(dict.fromkeys(value))
+
+
+FINGERPRINT_FIELDS = {"model", "fingerprint", "precision", "backend"}
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}\Z")  # a precision or a backend name
+
+
+def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list[dict[str, str | None]]:
+    """What the executor loaded for each model it serves: [{model, fingerprint, precision?, backend?}]
+    (docs/API.md). Absent (an agent from before fingerprints): none, and each model it serves counts
+    as its own fingerprint ('unknown:<executor id>', sql/390)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 1024:
+        errors["fingerprints"] = "must be a list of at most 1,024 {model, fingerprint, precision, backend} objects"
+        return []
+    served = set(models)
+    seen: set[str] = set()
+    found = []
+    for i, entry in enumerate(value):
+        where = f"fingerprints[{i}]"
+        if not isinstance(entry, dict) or set(entry) - FINGERPRINT_FIELDS:
+            errors[where] = "must be an object of model, fingerprint and optionally precision, backend"
+            continue
+        model, fingerprint = entry.get("model"), entry.get("fingerprint")
+        if not isinstance(model, str) or model not in served:
+            errors[f"{where}.model"] = "must be one of the models this registration names"
+        elif model in seen:
+            errors[f"{where}.model"] = "one fingerprint per model"
+        if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
+            errors[f"{where}.fingerprint"] = "must be " + FINGERPRINT_RULE
+        for key in ("precision", "backend"):
+            label = entry.get(key)
+            if label is not None and (not isinstance(label, str) or not LABEL.match(label)):
+                errors[f"{where}.{key}"] = "must be 1-32 characters of [A-Za-z0-9._-], or absent"
+        if isinstance(model, str):
+            seen.add(model)
+        found.append({"model": model, "fingerprint": fingerprint, "precision": entry.get("precision"),
+                      "backend": entry.get("backend")})
+    return found
 
 
 def _preferences(value: Any, principal: Principal, errors: dict[str, str]) -> list[dict[str, str | None]]:
@@ -99,17 +139,23 @@ async def register(request: web.Request) -> web.Response:
     elif bad := [k for k in kinds if k not in KINDS]:
         errors["kinds"] = f"unknown kind(s) {', '.join(bad)}; known: {', '.join(KINDS)}"
     models = _strings(body.get("models"), "models", errors, limit=1024)
+    fingerprints = _fingerprints(body.get("fingerprints"), models, errors)
     prefs = _preferences(body.get("preferences"), principal, errors)
     if errors:
         raise invalid(errors)
     settings = request.app[SETTINGS]
-    row = await request.app[POOL].fetchrow(
-        Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models, prefs,
-        settings.max_executors_per_token, settings.registrations_per_minute,
-    )
-    _refuse_registration(row, settings)
-    executor_id = row["executor_id"]
-    log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models)
+    # One transaction: the leases this registration ends are recorded with the fingerprints they ran
+    # with, and no claim sees the executor's new models with its old fingerprints.
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            Q.register_executor, principal.token_id, principal.team, name, without_nul(hardware), kinds, models,
+            prefs, settings.max_executors_per_token, settings.registrations_per_minute,
+        )
+        _refuse_registration(row, settings)
+        executor_id = row["executor_id"]
+        await conn.execute(Q.set_executor_fingerprints, executor_id, fingerprints)
+    log.info("executor_registered", executor_id=str(executor_id), name=name, kinds=kinds, models=models,
+             fingerprints=len(fingerprints))
     return json_response(protocol.to_builtins(protocol.Registered(
         executor_id=str(executor_id), heartbeat_interval_s=settings.heartbeat_interval_s,
         lease_timeout_s=request.app[CLUSTER].lease_timeout_s, long_poll_s=settings.long_poll_s,
