@@ -195,7 +195,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         # A value the database cannot hold that validation let through: the client's input, not a
         # crash. Logged, since validation should have caught it.
         log.warning("database_refused_value", path=request.path, error=str(exc))
-        return error_response(422, "invalid", f"a value cannot be stored: {exc}")
+        return error_response(422, "invalid", refused_value(exc))
     except asyncpg.PostgresError as exc:
         if isinstance(exc, asyncpg.exceptions.CannotConnectNowError | asyncpg.exceptions.AdminShutdownError):
             return error_response(503, "database_unavailable", "the database is restarting; retry shortly",
@@ -206,6 +206,25 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         log.exception("unhandled_error", path=request.path)
         return error_response(500, "internal", "internal error (logged)")
 
+
+
+# What a client is told of a value PostgreSQL refused (by SQLSTATE): the kind of value, never the
+# database's own text, which names encodings, types and internals that are not the client's business.
+_REFUSED_VALUES = {
+    "22021": "text holds a character that cannot be stored (a NUL, U+0000, or invalid UTF-8)",
+    "22P05": "text holds a character that cannot be stored (a NUL, U+0000, or invalid UTF-8)",
+    "22003": "a number is out of range",
+    "22001": "a text value is too long",
+    "22P02": "a value is not of the form its field takes",
+    "22007": "a date or time is not valid",
+    "22008": "a date or time is out of range",
+}
+
+
+def refused_value(exc: asyncpg.exceptions.DataError) -> str:
+    """The 422's message for a value the database refused (asyncpg's DataError)."""
+    what = _REFUSED_VALUES.get(str(getattr(exc, "sqlstate", "")))
+    return f"a value cannot be stored: {what}" if what else "a value in the request cannot be stored as sent"
 
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport

@@ -10,12 +10,15 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
+from minions.services.api import json_bounds
 from minions.services.api.errors import ApiError, bad_request, invalid
 
 
 async def json_object(request: web.Request, *, optional: bool = False, limit: int | None = None) -> dict[str, Any]:
     """The body as a JSON object; `limit`: a route's own cap on its size, below the API's (a body
-    that needs no more is never read, let alone decoded, past it)."""
+    that needs no more is never read, let alone decoded, past it). A body over json_bounds.SCAN_ABOVE
+    is scanned before it is decoded: past MAX_VALUES values it is refused (422 too_many_values), so
+    no body of any route decodes into more than about 10 MB of objects, whatever its size."""
     if limit is not None:
         raw = bytes(await read_within(request, limit))
     else:
@@ -29,21 +32,36 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
         if optional:
             return {}
         raise bad_request("request body is empty; a JSON object is required")
-    try:
-        # Large bodies (inline records) parse in a thread: the event loop serves claims meanwhile.
-        value = await asyncio.to_thread(jsoncodec.loads, raw) if len(raw) > 1 << 20 else jsoncodec.loads(raw)
-    except jsoncodec.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
+    # Large bodies (an inline output) are scanned and parsed in a thread: the event loop serves claims meanwhile.
+    value = await asyncio.to_thread(_decode, raw) if len(raw) > 1 << 20 else _decode(raw)
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object")
-    if nested_deeper_than(value, MAX_JSON_DEPTH):
+    if len(raw) <= json_bounds.SCAN_ABOVE and nested_deeper_than(value, MAX_JSON_DEPTH):
         # Deeper values break recursive code downstream (a RecursionError, orjson's 255-level
         # limit on writing jsonb): refused here, for every JSON body at once.
         raise bad_request(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "too_deep")
     return value
 
 
-MAX_JSON_DEPTH = 64  # no body of the API needs more; orjson writes at most 255
+MAX_JSON_DEPTH = json_bounds.MAX_DEPTH
+# The cap of a body that lists lease tokens (a heartbeat, a batched release): protocol.MAX_TOKENS of
+# them is about 40 KB.
+TOKEN_LIST_BYTES = 256 * 1024
+
+
+def _decode(raw: bytes) -> Any:
+    """`raw` decoded once it is within json_bounds (400 too_deep, 422 too_many_values)."""
+    if len(raw) > json_bounds.SCAN_ABOVE:
+        try:
+            json_bounds.scan(raw)
+        except json_bounds.TooMuchJson as exc:
+            if exc.code == "too_deep":
+                raise bad_request(exc.message, "too_deep") from None
+            raise ApiError(422, exc.code, exc.message) from None
+    try:
+        return jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
 
 
 async def read_within(request: web.Request, limit: int, too_large: Callable[[int], ApiError] | None = None

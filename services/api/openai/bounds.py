@@ -14,21 +14,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import ijson
 from aiohttp import web
 
 from minions import jsoncodec
+from minions.services.api import json_bounds
 from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than, read_within
 from minions.services.api.errors import ApiError, bad_request, invalid
-from minions.services.api.inline_records import BufferReader
 from minions.services.api.openai.translate import LineError
 
 MAX_INPUTS = 2048  # per embeddings request, as OpenAI's
-MAX_VALUES = 100_000  # JSON values (strings, numbers, objects, arrays...) per request: ~10 MB decoded
+MAX_VALUES = json_bounds.MAX_VALUES
 THREAD_ABOVE = 1 << 20  # bodies larger than this are scanned and decoded in a thread
-SCAN_ABOVE = 64 * 1024  # bodies and lines larger than this are scanned before they are decoded
+SCAN_ABOVE = json_bounds.SCAN_ABOVE  # bodies and lines larger than this are scanned before they are decoded
 SETTING = "MINIONS_OPENAI_MAX_REQUEST_BYTES"
-_CLOSE = frozenset({"end_map", "end_array"})
 
 
 def too_large(limit: int) -> ApiError:
@@ -68,41 +66,12 @@ def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
 
 
 def scan(raw: bytes | bytearray, endpoint: str, inputs_at: str = "input", within: str | None = None) -> None:
-    """LineError unless `raw` is JSON within MAX_JSON_DEPTH levels and MAX_VALUES values, with at most
-    MAX_INPUTS items in the array `inputs_at` of the object at key `within` (None: the top level) when
-    `endpoint` is /v1/embeddings. Nothing is kept: memory stays constant whatever the body holds."""
-    depth = 0
-    values = 0
-    inputs = 0
-    counting_at = -1  # the depth of the items being counted (-1: none)
-    key_at: dict[int, str] = {}  # the last key seen in the object open at each depth
-    embeddings = endpoint == "/v1/embeddings"
-    target_depth = 1 if within is None else 2
+    """LineError unless `raw` is within json_bounds' depth and values, with at most MAX_INPUTS items in
+    the array `inputs_at` of the object at key `within` (None: the top level) when `endpoint` is
+    /v1/embeddings. Nothing is kept: memory stays constant whatever the body holds."""
+    counted = inputs_at if endpoint == "/v1/embeddings" else None
     try:
-        for event, value in ijson.basic_parse(BufferReader(memoryview(raw)), use_float=True):
-            if event == "map_key":
-                key_at[depth] = value
-                continue
-            if event in _CLOSE:
-                if depth == counting_at:
-                    counting_at = -1
-                depth -= 1
-                continue
-            values += 1
-            if values > MAX_VALUES:
-                raise LineError("too_many_values", f"more than {MAX_VALUES:,} JSON values in one request", "body")
-            if depth == counting_at:
-                inputs += 1
-                if inputs > MAX_INPUTS:
-                    raise LineError("invalid_request", f"at most {MAX_INPUTS} inputs per request", "body.input")
-            if event in ("start_map", "start_array"):
-                depth += 1
-                key_at.pop(depth, None)
-                if depth > MAX_JSON_DEPTH:
-                    raise LineError("too_deep", f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "body")
-                if (embeddings and event == "start_array" and depth == target_depth + 1
-                        and key_at.get(target_depth) == inputs_at
-                        and (within is None or key_at.get(1) == within)):
-                    counting_at, inputs = depth, 0
-    except ijson.JSONError:
-        return  # the decoder says what is wrong: it stops where this did, within the bounds above
+        json_bounds.scan(raw, inputs_at=counted, within=within, max_inputs=MAX_INPUTS)
+    except json_bounds.TooMuchJson as exc:
+        code = "invalid_request" if exc.code == "too_many_inputs" else exc.code
+        raise LineError(code, exc.message, exc.param) from None

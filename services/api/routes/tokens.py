@@ -22,6 +22,7 @@ log = get_logger(__name__)
 routes = web.RouteTableDef()
 STATUSES = ("active", "expired", "revoked")
 MAX_LABEL = 200
+MAX_CREATION_BYTES = 64 * 1024  # a role, a team, a label and an expiry
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0  # ten years: longer is "never" (leave it out)
 MAX_TOKEN_ID = 2**63 - 1
 
@@ -67,7 +68,7 @@ def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None]
 @routes.post("/api/v1/tokens")
 async def create_token(request: web.Request) -> web.Response:
     principal = require(request, "admin")
-    role, team, label, expires_in_s = _creation(await json_object(request))
+    role, team, label, expires_in_s = _creation(await json_object(request, limit=MAX_CREATION_BYTES))
     token = new_token()
     pool = request.app[POOL]
     token_id = await pool.fetchval(Q.create_token, hash_token(token), token_prefix(token), role, team, label,
