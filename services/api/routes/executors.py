@@ -17,7 +17,7 @@ from minions.logging import get_logger
 from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import json_object, path_uuid, query_float, query_int
+from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object, path_uuid, query_float, query_int
 from minions.services.api.errors import ApiError, forbidden, invalid, not_found
 from minions.services.api.input_cache import InputCache
 from minions.services.api.messages import decode_body
@@ -342,7 +342,7 @@ def _as_text(data: bytes | None) -> str | None:
 @routes.post("/api/v1/executors/{executor_id}/heartbeat")
 async def heartbeat(request: web.Request) -> web.Response:
     executor_id, owner = _caller(request)
-    beat = decode_body(await json_object(request, optional=True), protocol.Heartbeat,
+    beat = decode_body(await json_object(request, optional=True, limit=TOKEN_LIST_BYTES), protocol.Heartbeat,
                        {"leases": f"must be a list of at most {protocol.MAX_TOKENS} lease tokens (strings)"})
     named = {t: _as_uuid(t) for t in beat.leases}  # each token parsed once
     # Unparseable tokens were never leases; the executor still holds whatever it named.

@@ -19,7 +19,7 @@ from minions.logging import get_logger
 from minions.redaction import redact_failure
 from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import json_object
+from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
 from minions.services.api.messages import decode_body
 from minions.services.api.nul import without_nul
@@ -46,6 +46,12 @@ _REFUSED = {
 _COMPLETION_RULES = {"records": f"required: a whole number from 0 to {MAX_NUMBER}",
                      "seconds": f"required: a number from 0 to {MAX_NUMBER}",
                      "output": "must be a string: the output's JSONL"}
+# Route caps (a body past one is 413 before it is decoded): a failure's text is kept to 4,000
+# characters, so a megabyte is any traceback with room to spare.
+# Completes carry inline outputs (up to MAX_TOKENS of MINIONS_INLINE_OUTPUT_BYTES each, escaped) and
+# keep the API's cap; every body is bounded in JSON values as well (json_bounds).
+MAX_FAILURE_BYTES = 1 << 20
+MAX_FAILURE_BATCH_BYTES = 16 << 20
 _FAILURE_RULES = {"error": "required: what went wrong", "retryable": "must be true or false"}
 _OK = protocol.to_builtins(protocol.Ok(status="ok"))
 
@@ -255,7 +261,7 @@ def _failed(request: web.Request, lease: _Lease, verdict: str, error: str, retry
 async def fail(request: web.Request) -> web.Response:
     principal = require(request, "executor")
     lease = await _lease(request, principal, request.match_info["token"])
-    failure = decode_body(await json_object(request), protocol.Failure, _FAILURE_RULES)
+    failure = decode_body(await json_object(request, limit=MAX_FAILURE_BYTES), protocol.Failure, _FAILURE_RULES)
     if not failure.error.strip():
         raise invalid({"error": _FAILURE_RULES["error"]})
     error = _error_text(failure, lease)
@@ -267,7 +273,7 @@ async def fail(request: web.Request) -> web.Response:
 @routes.post("/api/v1/leases/fail")
 async def fail_batch(request: web.Request) -> web.Response:
     principal = require(request, "executor")
-    batch = decode_body(await json_object(request), protocol.FailureBatch)
+    batch = decode_body(await json_object(request, limit=MAX_FAILURE_BATCH_BYTES), protocol.FailureBatch)
 
     async def look_up(item: protocol.LeaseFailure) -> _Lease:
         if not item.error.strip():
@@ -305,7 +311,7 @@ async def release(request: web.Request) -> web.Response:
 @routes.post("/api/v1/leases/release")
 async def release_batch(request: web.Request) -> web.Response:
     principal = require(request, "executor")
-    batch = decode_body(await json_object(request), protocol.ReleaseBatch)
+    batch = decode_body(await json_object(request, limit=TOKEN_LIST_BYTES), protocol.ReleaseBatch)
     found = await _each(batch.leases, lambda raw: _lease(request, principal, raw))
     ready = sorted((lease for lease in found if isinstance(lease, _Lease)), key=_lock_key)  # as complete's
     rows = await request.app[POOL].fetch(Q.release_batch, [lease.token for lease in ready])
