@@ -71,7 +71,7 @@ async def run(shape: str, megabytes: float, rounds: int) -> dict[str, float]:
         store = LocalStore(Path(folder))
         input_uri = await store.put_bytes("inputs/in.jsonl", input_bytes)
         token = uuid.uuid4()
-        lease = {"task_id": 1, "subtask_id": 0, "attempt": 1, "records": records, "input_uri": input_uri,
+        lease = {"task_id": 1, "subtask_id": 0, "attempt": 1, "records": records, "kind": shape, "input_uri": input_uri,
                  "byte_start": 0, "byte_end": len(input_bytes), "output_key": f"outputs/1/0/1-{token}.jsonl"}
         await store.put_bytes(lease["output_key"], output)
         times: dict[str, list[float]] = {"copy": [], "verify": [], "check": []}
@@ -86,7 +86,7 @@ async def run(shape: str, megabytes: float, rounds: int) -> dict[str, float]:
             assert verified.size == len(output)
 
             started = time.perf_counter()
-            check = OutputCheck(records)
+            check = OutputCheck(records, shape)
             check.add_input(input_bytes)  # every expected id up front: no I/O to interleave here
             check.input_done()
             view = memoryview(output)

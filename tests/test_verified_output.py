@@ -29,7 +29,7 @@ IDS = [f"r{i}" for i in range(5)]
 async def _lease(store: LocalStore, token: uuid.UUID) -> dict[str, Any]:
     data = b"".join(jsoncodec.dumps_line({"id": i, "ms": 1}) for i in IDS)
     uri = await store.put_bytes("inputs/in.jsonl", b"junk before\n" + data)
-    return {"task_id": 4, "subtask_id": 2, "attempt": 1, "records": len(IDS), "input_uri": uri,
+    return {"task_id": 4, "subtask_id": 2, "attempt": 1, "records": len(IDS), "kind": "sleep", "input_uri": uri,
             "byte_start": len(b"junk before\n"), "byte_end": len(b"junk before\n") + len(data),
             "output_key": f"outputs/4/2/1-{token}.jsonl"}
 

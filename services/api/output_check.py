@@ -2,9 +2,11 @@
 order (API.md, "Output object"). Pure and synchronous, fed chunks of both objects as they stream in,
 so it holds O(one chunk) whatever their size; `services/api/verified_output.py` drives it.
 
-Only ids are compared (the result fields are the runner's business), but every output line must be a
-JSON object that ends with a newline: results concatenate the outputs of a task's subtasks, so a line
-that is not whole, or not JSON, would corrupt its neighbours.
+Ids are compared with the input's, and each line is held to its kind's shape (minions/result_shapes.py:
+an embedding a list of float32 numbers, the same length on every line; a completion's text a string;
+token counts non-negative integers; no key twice), so that every reader of results may rely on it.
+Every output line must be a JSON object that ends with a newline: results concatenate the outputs of
+a task's subtasks, so a line that is not whole, or not JSON, would corrupt its neighbours.
 
 One field is not the runner's alone: a record's `error` is the executor's failure text, shown to the
 task's team in results like a fail's `error`, so it gets the same redaction
@@ -17,14 +19,22 @@ size it keeps are those of the committed bytes, so a result is verified and serv
 from __future__ import annotations
 
 import hashlib
+import itertools
+from typing import Any
 
+import msgspec
 import orjson
 
+from minions import result_shapes
 from minions.records import format_id
 from minions.redaction import redact_failure_value
+from minions.result_shapes import Malformed
 
 # A single output line longer than this (a completion of ~32 MB) is refused rather than buffered.
 MAX_LINE_BYTES = 32 * 1024 * 1024
+
+
+_USAGES = list[dict[str, result_shapes.Count]]
 
 
 class OutputMismatch(Exception):
@@ -90,10 +100,14 @@ class OutputCheck:
     """Feed it the subtask's input range (`add_input`) and its output (`add_output`) in any
     interleaving; each call matches as many lines as both sides allow and raises OutputMismatch at the
     first wrong one. `add_output` returns the bytes to commit (see the module's doc); the check hashes
-    them (SHA-256) and counts them: what complete records."""
+    them (SHA-256) and counts them: what complete records. `dimension`: the length of the output's
+    vectors (an embedding output with at least one), which complete pins for the whole task."""
 
-    def __init__(self, records: int) -> None:
+    def __init__(self, records: int, kind: str) -> None:
         self.records = records
+        self.kind = kind
+        self.dimension: int | None = None
+        self.dimension_line = 0  # the output line whose vector fixed `dimension`
         self.sha256 = hashlib.sha256()
         self.size = 0
         self._input = _Lines("the input")
@@ -123,6 +137,9 @@ class OutputCheck:
         except (ValueError, TypeError, KeyError):  # JSONDecodeError is a ValueError
             ids = [self._output_id(n, line) for n, line in enumerate(lines, self._output_lines + 1)]
             raise AssertionError("unreachable: the slow path raises at the faulty line") from None
+        if not self._shapes_hold(lines, values):
+            for n, (line, value) in enumerate(zip(lines, values, strict=True), self._output_lines + 1):
+                self._check_line(n, line, value)
         self._output_lines += len(lines)
         self._got.extend(ids)
         self._match()
@@ -171,6 +188,62 @@ class OutputCheck:
         if not isinstance(value, dict) or "id" not in value:
             raise OutputMismatch(f"output line {number} is not a JSON object with an id")
         return value["id"]
+
+    def _shapes_hold(self, lines: list[bytes], values: list[Any]) -> bool:
+        """Whether every line has its kind's shape and no repeated key, checked a chunk at a time
+        (msgspec validates a chunk's vectors in one call); False when a line needs a closer look,
+        which `_check_line` gives it, naming the first fault."""
+        field = result_shapes.RESULT_FIELD.get(self.kind)
+        if field is None:  # sleep: no shape; no key twice
+            return self._no_repeats(lines, values, [len(value) for value in values])
+        try:
+            if any("error" in value for value in values):
+                return False  # a record's failure: rare, checked a line at a time
+            results = [value[field] for value in values]
+            usages = [value["usage"] for value in values if "usage" in value]
+            if usages:
+                msgspec.convert(usages, _USAGES)
+            if field == "text":
+                if not all(type(text) is str for text in results):
+                    return False
+            else:
+                msgspec.convert(results, result_shapes.Vectors)
+                dimensions = set(map(len, results))
+                if len(dimensions) > 1 or (self.dimension is not None and dimensions != {self.dimension}):
+                    return False
+                if self.dimension is None and dimensions:
+                    self.dimension, self.dimension_line = dimensions.pop(), self._output_lines + 1
+        except (KeyError, msgspec.ValidationError):
+            return False
+        # The pairs known: the line's own and its usage's (see result_shapes.repeated_key).
+        known = [len(value) + len(value["usage"]) if "usage" in value else len(value) for value in values]
+        if field == "text":  # a text's colons are not pairs (a line spelling one as \u003a: looked at)
+            return self._no_repeats(lines, values, known, [text.count(":") if b"\\u003" not in line else 0
+                                                           for line, text in zip(lines, results, strict=True)])
+        return self._no_repeats(lines, values, known)
+
+    @staticmethod
+    def _no_repeats(lines: list[bytes], values: list[Any], known: list[int], colons: list[int] | None = None) -> bool:
+        """Whether no line repeats a key: at once for a line with no more colons outside `colons` (in
+        its strings) than `known` pairs, else by result_shapes.repeated_key."""
+        extra = colons or itertools.repeat(0)
+        return all(line.count(b":") - c <= k for line, k, c in zip(lines, known, extra, strict=False)) or not any(
+            line.count(b":") - c > k and result_shapes.repeated_key(line, value, k) is not None
+            for line, value, k, c in zip(lines, values, known, extra, strict=False))
+
+    def _check_line(self, number: int, line: bytes, value: Any) -> None:
+        """OutputMismatch naming the line and the field if line `number` breaks its kind's shape or
+        repeats a key; the first vector fixes the output's dimension."""
+        try:
+            length = result_shapes.check_record(self.kind, value, self.dimension)
+        except Malformed as exc:
+            raise OutputMismatch(f"output line {number}: {exc}") from None
+        if length is not None and self.dimension is None:
+            self.dimension, self.dimension_line = length, number
+        repeated = result_shapes.repeated_key(line, value, len(value))
+        if repeated is not None:
+            raise OutputMismatch(f"output line {number} repeats the key {orjson.dumps(repeated).decode()} "
+                                 "(a line holds each key once)")
 
     def _match(self) -> None:
         count = min(len(self._got), len(self._expected))

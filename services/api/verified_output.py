@@ -1,7 +1,7 @@
 """Committed results are verified and immutable (issue 8, items 3 and 4).
 
 At complete, `copy_verified` reads the attempt's output once, checks it against the subtask's input
-(output_check.OutputCheck) and writes the very bytes it checked (with secrets in records' `error`
+and its kind's shape (output_check.OutputCheck) and writes the very bytes it checked (with secrets in records' `error`
 fields redacted: output_check.py) to a result key (`results/…`) that no URL ever names, hashing them
 on the way. Whatever the attempt's PUT URL writes afterwards (an S3
 presigned URL cannot be revoked) lands on an object nobody reads. `read_verified` serves a result
@@ -54,6 +54,8 @@ class VerifiedOutput:
     sha256: bytes
     size: int
     kept: bytes | None = None  # the verified bytes themselves, to be committed in the subtask's row
+    dimension: int | None = None  # its vectors' length (an embedding output): pinned for the task at commit
+    dimension_line: int = 0  # the output line of its first vector
 
 
 def result_key(lease: Any, token: uuid.UUID) -> str:
@@ -83,15 +85,18 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
             except ObjectNotFound:
                 raise StoreError(f"the task's input {lease['input_uri']} is gone") from None
         if len(input_data) + len(inline) <= CHECK_ON_LOOP:
-            whole, committed = _check_whole(lease["records"], input_data, inline)
+            whole, committed = _check_whole(lease["records"], lease["kind"], input_data, inline)
         else:
-            whole, committed = await asyncio.to_thread(_check_whole, lease["records"], input_data, inline)
+            whole, committed = await asyncio.to_thread(_check_whole, lease["records"], lease["kind"], input_data,
+                                                       inline)
         if keep:
-            return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=committed)
+            return VerifiedOutput(None, whole.sha256.digest(), whole.size, kept=committed, dimension=whole.dimension,
+                                  dimension_line=whole.dimension_line)
         key = result_key(lease, token)
         await store.put_bytes(key, committed)
-        return VerifiedOutput(key, whole.sha256.digest(), whole.size)
-    check = OutputCheck(lease["records"])
+        return VerifiedOutput(key, whole.sha256.digest(), whole.size, dimension=whole.dimension,
+                              dimension_line=whole.dimension_line)
+    check = OutputCheck(lease["records"], lease["kind"])
     key = result_key(lease, token)
     # Both stores' read() is an async generator: closed below however the check ends.
     reader = cast(AsyncGenerator[bytes, None],
@@ -125,16 +130,18 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     async with contextlib.aclosing(reader):
         if keep:  # checked streamed: an input range too big to check whole
             kept = b"".join([chunk async for chunk in checked()])
-            return VerifiedOutput(None, check.sha256.digest(), check.size, kept=kept)
+            return VerifiedOutput(None, check.sha256.digest(), check.size, kept=kept, dimension=check.dimension,
+                                  dimension_line=check.dimension_line)
         # put_stream discards what it wrote when `checked` raises: a refused output leaves nothing.
         await store.put_stream(key, checked())
-    return VerifiedOutput(key, check.sha256.digest(), check.size)
+    return VerifiedOutput(key, check.sha256.digest(), check.size, dimension=check.dimension,
+                          dimension_line=check.dimension_line)
 
 
-def _check_whole(records: int, input_data: bytes, output: bytes) -> tuple[OutputCheck, bytes]:
+def _check_whole(records: int, kind: str, input_data: bytes, output: bytes) -> tuple[OutputCheck, bytes]:
     """The streaming check fed each side whole (same verdicts, same messages), and the bytes to
     commit (`output` itself unless a record's `error` was redacted)."""
-    check = OutputCheck(records)
+    check = OutputCheck(records, kind)
     committed = check.add_output(output)
     check.add_input(input_data)
     check.input_done()

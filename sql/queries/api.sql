@@ -115,8 +115,13 @@ SELECT t.token AS lease_token, i.input_uri, i.byte_start, i.byte_end
   FROM unnest($1::uuid[]) AS t(token), minion_lease_info(t.token) AS i;
 
 -- name: complete
--- $4-$7: the verified copy of the output (result key, SHA-256, size, the bytes when kept in the row)
-SELECT minion_complete($1, $2, $3, $4, $5, $6, $7);
+-- $4-$7: the verified copy of the output (result key, SHA-256, size, the bytes when kept in the row);
+-- $8: the length of its vectors (an embedding output), pinned for the task (sql/380)
+SELECT minion_complete($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: task_dimension
+-- The length every vector of task $1 has (sql/380), NULL before its first committed one.
+SELECT embedding_dimension FROM tasks WHERE id = $1;
 
 -- name: fail
 SELECT minion_fail($1, $2, $3);
@@ -177,8 +182,9 @@ FROM c;
 SELECT * FROM minion_heartbeat_as($1, $2, $3);
 
 -- name: complete_batch
--- Parallel arrays: tokens, records, seconds, and each verified copy (result key, SHA-256, size, kept bytes)
-SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6, $7);
+-- Parallel arrays: tokens, records, seconds, and each verified copy (result key, SHA-256, size, kept bytes,
+-- vector length)
+SELECT * FROM minion_complete_batch($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: fail_batch
 SELECT * FROM minion_fail_batch($1, $2, $3);

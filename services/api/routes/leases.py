@@ -151,8 +151,10 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
     store = request.app[STORE]
     if verdict != "ok" and done.verified is not None and done.verified.key is not None:
         # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
-        # the same lease won): nothing refers to it.
+        # the same lease won, or its vectors' length is not the task's): nothing refers to it.
         await _discard(store, done.verified.key)
+    if verdict == "dimension_mismatch":  # the lease stays live, as for any output_mismatch
+        raise await _dimension_mismatch(request, done)
     if verdict != "records_mismatch":
         request.app[LEASES].forget(done.lease.token)
     _verdict(verdict)
@@ -161,10 +163,23 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
         await _discard(store, done.lease.live["output_key"])
 
 
-def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None, bytes | None]:
-    """The complete's verified copy as minion_complete takes it: result key, SHA-256, size, kept bytes."""
+async def _dimension_mismatch(request: web.Request, done: _Completing) -> ApiError:
+    """The 422 for an output whose vectors are not as long as those the task committed (sql/380)."""
+    assert done.verified is not None and done.lease.live is not None
+    pinned = await request.app[POOL].fetchval(Q.task_dimension, done.lease.live["task_id"])
     verified = done.verified
-    return (verified.key, verified.sha256, verified.size, verified.kept) if verified else (None, None, None, None)
+    return ApiError(422, "output_mismatch", f"the output does not answer the subtask's records: output line "
+                                            f"{verified.dimension_line}: `embedding` has {verified.dimension} "
+                                            f"dimensions; the task's results have {pinned}")
+
+
+def _copy(done: _Completing) -> tuple[str | None, bytes | None, int | None, bytes | None, int | None]:
+    """The complete's verified copy as minion_complete takes it: result key, SHA-256, size, kept bytes,
+    vector length."""
+    verified = done.verified
+    if verified is None:
+        return None, None, None, None, None
+    return verified.key, verified.sha256, verified.size, verified.kept, verified.dimension
 
 
 @routes.post("/api/v1/leases/{token}/complete")
@@ -195,7 +210,8 @@ async def complete_batch(request: web.Request) -> web.Response:
     copies = [_copy(d) for d in ready]
     rows = await request.app[POOL].fetch(
         Q.complete_batch, [d.lease.token for d in ready], [d.records for d in ready], [d.seconds for d in ready],
-        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies], [c[3] for c in copies])
+        [c[0] for c in copies], [c[1] for c in copies], [c[2] for c in copies], [c[3] for c in copies],
+        [c[4] for c in copies])
     verdicts = {id(d): row["verdict"] for d, row in zip(ready, rows, strict=True)}
 
     async def finish(item: _Completing | ApiError) -> None:
