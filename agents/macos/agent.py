@@ -45,7 +45,13 @@ from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.jsonl import RecordsError, encode_outputs, parse_records
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.protocol import Claim, ProtocolError, Registration
-from minions.agents.macos.runners.base import ChoosesPrecision, PermanentError, Runner, RunnerError
+from minions.agents.macos.runners.base import (
+    ChoosesPrecision,
+    PermanentError,
+    ReportsFingerprints,
+    Runner,
+    RunnerError,
+)
 from minions.agents.macos.runners.registry import build_runners, uses_torch
 from minions.logging import get_logger
 from minions.protocol import MAX_TOKENS, LeaseCompletion
@@ -180,10 +186,22 @@ class Agent:
             "kinds": list(self._runners),
             "models": self._models,
             "preferences": [p.to_json() for p in self._config.preferences],
+            "fingerprints": await self.fingerprints(),
         }
         self._registration = await self._client.register(payload)
         log.info("registered", executor_id=self._registration.executor_id, name=self._config.name)
         return self._registration
+
+    async def fingerprints(self) -> list[dict[str, Any]]:
+        """Per model it serves, what it loaded (or will load: the same files): the server gives a task
+        only to executors of one fingerprint. A model no runner finds here (downloaded at its first
+        subtask) is left out, and counts as this executor's own until it registers again."""
+        found: dict[str, dict[str, Any]] = {}
+        for runner in self._runners.values():
+            if isinstance(runner, ReportsFingerprints):
+                for report in await runner.fingerprints(self._models):
+                    found.setdefault(report["model"], report)
+        return list(found.values())
 
     def hardware_report(self) -> dict[str, Any]:
         """The machine, and the precision each model loaded so far runs in (with its cosine to

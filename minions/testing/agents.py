@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,16 +26,18 @@ class AgentFleet:
     token: str
     agents: list[AgentProcess] = field(default_factory=list)
 
-    def start(self, name: str, *extra: str, kinds: tuple[str, ...] = ("sleep",)) -> AgentProcess:
+    def start(self, name: str, *extra: str, kinds: tuple[str, ...] = ("sleep",),
+              env: Mapping[str, str] | None = None) -> AgentProcess:
+        """An agent process; `env`: variables of its own (e.g. its own Hugging Face cache)."""
         args = [sys.executable, "-m", "minions.agents.macos", "--api-url", self.services.api_url, "--token", self.token,
                 "--name", name, "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
         for kind in kinds:
             args += ["--kind", kind]
         log_path = self.services.workdir / f"agent-{name}.log"
         with log_path.open("ab") as log:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "MINIONS_LOG_LEVEL": "info"}
-            env.pop("MINIONS_TOKEN", None)
-            process = subprocess.Popen([*args, *extra], cwd=IMPORT_ROOT, env=env, stdout=log, stderr=log,
+            environ = {**os.environ, "PYTHONUNBUFFERED": "1", "MINIONS_LOG_LEVEL": "info", **(env or {})}
+            environ.pop("MINIONS_TOKEN", None)
+            process = subprocess.Popen([*args, *extra], cwd=IMPORT_ROOT, env=environ, stdout=log, stderr=log,
                                        stdin=subprocess.DEVNULL)
         agent = AgentProcess(name, process, log_path)
         self.agents.append(agent)

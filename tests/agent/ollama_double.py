@@ -10,6 +10,7 @@ it counts how many were in flight at once (`max_in_flight`), so a test can prove
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,7 +172,7 @@ def _model_entry(name: str) -> dict[str, Any]:
         "model": name,
         "modified_at": "2026-11-20T09:12:44.123456+01:00",
         "size": 1321098329,
-        "digest": "a80c4f17acd55265feec403c7aef86be0c25983ab279d83f3bcd3abbcb5b8b72",
+        "digest": hashlib.sha256(name.encode()).hexdigest(),  # one per model, as Ollama's are
         "details": {
             "parent_model": "",
             "format": "gguf",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -54,6 +54,14 @@ class ChoosesPrecision(Protocol):
 
     def precision_reports(self) -> list[dict[str, Any]]:
         """Per model loaded so far: model, device, precision, cosine to fp32, setting."""
+
+
+@runtime_checkable
+class ReportsFingerprints(Protocol):
+    """A runner that tells which model it serves under each name (registration's `fingerprints`)."""
+
+    async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
+        """{model, fingerprint, precision, backend} for each of `models` it finds on this machine."""
 
 
 class InferenceThread:

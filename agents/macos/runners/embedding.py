@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from minions.agents.macos.runners.base import (
     require_model,
     string_field,
 )
+from minions.agents.macos.runners.model_identity import ModelIdentities
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.kinds import PARAMS
 from minions.logging import get_logger
@@ -63,6 +65,7 @@ class EmbeddingRunner:
         # memory matters more than the load time of a second model).
         self._loaded: _Loaded | None = None
         self._choices: dict[str, precision.Choice] = {}  # per model, kept after it is unloaded
+        self._identities = ModelIdentities("transformers")
 
     def precision_choices(self) -> list[precision.Choice]:
         """The precision chosen for each model loaded so far (reported at registration)."""
@@ -70,6 +73,19 @@ class EmbeddingRunner:
 
     def precision_reports(self) -> list[dict[str, Any]]:
         return [choice.to_json() for choice in self._choices.values()]
+
+    async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
+        """What each of `models` found here is (model_identity.py), with the precision it runs in: the
+        one chosen at load, or the one forced by --precision; None while `auto` has not chosen yet.
+        On the worker thread: a folder's first hash reads its files."""
+
+        def chosen(model: str) -> str | None:
+            choice = self._choices.get(model)
+            if choice is not None:
+                return choice.precision
+            return None if self._settings.precision == "auto" else self._settings.precision
+
+        return await self._thread.call(lambda stop: self._identities.reports(models, chosen))
 
     async def prepare(self, model_name: str) -> precision.Choice:
         """Load `model_name` now (choosing its precision and batch size), not at the first subtask."""
@@ -157,6 +173,7 @@ class EmbeddingRunner:
         settings = self._settings
         # fp32 first: the reference every faster precision is measured against.
         tokenizer, model = torch_setup.load_pretrained(name, "AutoModel", "embedding", settings.device, "fp32")
+        self._identities.loaded(name, model)  # what it loaded, before serving anything from it
         accepted = frozenset(inspect.signature(model.forward).parameters)
         probe = EmbeddingParams()
 

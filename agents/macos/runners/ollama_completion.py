@@ -9,6 +9,7 @@ drop the request).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import ollama
@@ -40,6 +41,8 @@ class OllamaCompletionRunner:
         # One pull per model and runner: the run that started it (its requests wait for it and
         # retry) and the pull itself (done: a later run that still misses the model gives up).
         self._pulls: dict[str, tuple[object, asyncio.Future[None]]] = {}
+        # Per model name Ollama listed: its digest (the model's identity) and quantization.
+        self._identities: dict[str, dict[str, Any]] = {}
 
     async def advertised_models(self) -> list[str]:
         """The models Ollama already holds (`ollama list`); none when it is not running."""
@@ -49,9 +52,22 @@ class OllamaCompletionRunner:
             log.warning("ollama_unreachable", host=self._host, error=str(exc))
             return []
         names = [m.model for m in listing.models if m.model]
+        for m in listing.models:
+            if m.model and m.digest:
+                identity = {"fingerprint": _fingerprint(m.digest), "backend": "ollama",
+                            "precision": m.details.quantization_level if m.details else None}
+                self._identities[m.model] = identity
+                if m.model.endswith(":latest"):
+                    self._identities.setdefault(m.model.removesuffix(":latest"), identity)
         # Tasks often say "llama3.2" for what Ollama lists as "llama3.2:latest": advertise both.
         bare = [n.removesuffix(":latest") for n in names if n.endswith(":latest")]
         return list(dict.fromkeys([*names, *bare]))
+
+    async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
+        """Ollama's digest of each of `models` it listed (advertised_models), with its quantization.
+        A model pulled at its first subtask is not listed yet: it counts as unknown until the agent
+        registers again."""
+        return [{"model": m, **self._identities[m]} for m in models if m in self._identities]
 
     async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
         model = require_model(subtask)
@@ -161,6 +177,11 @@ class OllamaCompletionRunner:
 
     async def aclose(self) -> None:
         return None
+
+
+def _fingerprint(digest: str) -> str:
+    """Ollama lists a model's digest as bare hex (the API) or sha256:<hex> (its manifests): one form."""
+    return digest if ":" in digest else f"sha256:{digest}"
 
 
 def _ollama_error(model: str, exc: ollama.ResponseError) -> RunnerError:

@@ -14,6 +14,7 @@ lost) is checked between decoding steps, so it never waits for a batch to finish
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from minions.agents.macos.runners.completion import (
     output_record,
     record_messages,
 )
+from minions.agents.macos.runners.model_identity import ModelIdentities
 from minions.agents.macos.runners.torch_setup import TorchSettings
 
 # Records generated together per device when the agent sets no generation_batch_size. Decoding is
@@ -68,6 +70,14 @@ class TransformersCompletionRunner:
         self._settings = settings
         self._thread = InferenceThread("completion")
         self._loaded: _LoadedLM | None = None
+        self._identities = ModelIdentities("transformers")
+
+    async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
+        """What each of `models` found here is (model_identity.py), and the precision it runs in."""
+        chosen = self._settings.precision
+        if chosen == "auto":
+            chosen = "fp16" if torch_setup.half_precision(self._settings.device) else "fp32"
+        return await self._thread.call(lambda stop: self._identities.reports(models, lambda model: chosen))
 
     async def advertised_models(self) -> list[str]:
         return []  # only the models named in the agent's configuration
@@ -155,6 +165,7 @@ class TransformersCompletionRunner:
         tokenizer, model = torch_setup.load_pretrained(
             name, "AutoModelForCausalLM", "completion", self._settings.device, self._settings.precision
         )
+        self._identities.loaded(name, model)
         self._loaded = _LoadedLM(name, tokenizer, model)
         return self._loaded
 

@@ -238,8 +238,16 @@ export function taskView(ctx, team, project, name) {
       kv("Queue wait", `${fmtDuration(wait)}${task.started_at ? "" : " so far"}`),
       kv("Subtask size", `${fmtInt(task.subtask_size)} records`),
       kv("Priority", String(task.priority)),
+      task.kind === "sleep" ? null : kv("Model identity", modelIdentity(task.fingerprint), "mono truncate-2"),
       kv("Parameters", params, "mono"),
       kv("Input", task.input_uri || "inline records, kept in the database", "mono truncate-2")));
+  }
+
+  // The fingerprint every result of the task comes from (pinned at submission or by its first lease).
+  function modelIdentity(fingerprint) {
+    if (!fingerprint) return h("span.muted", "not pinned yet: the first lease pins it");
+    if (fingerprint.startsWith("unknown:")) return h("span", { title: fingerprint }, "unreported (an agent that sends no fingerprint): its executor alone");
+    return h("span", { title: fingerprint }, fingerprint);
   }
 
   // ---- executors ----
@@ -303,17 +311,25 @@ export function taskView(ctx, team, project, name) {
     }
     const shown = entries.slice(0, ATTEMPT_ROWS);
     clear(attemptsHost, h("div.table-scroll", h("table.table.table-compact.attempts-table",
-      h("thead", h("tr", h("th.num", "Subtask"), h("th.num", "Attempt"), h("th", "Executor"), h("th", "Outcome"),
-        h("th", "Started"), h("th.num", "Duration"), h("th.col-error", "Error"))),
+      h("thead", h("tr", h("th.num", "Subtask"), h("th.num", "Attempt"), h("th", "Executor"), h("th", "Model"),
+        h("th", "Outcome"), h("th", "Started"), h("th.num", "Duration"), h("th.col-error", "Error"))),
       h("tbody", shown.map((a) => h("tr", { dataset: { outcome: a.outcome } },
         h("td.num", String(a.subtask_id)),
         h("td.num", `#${a.attempt}`),
         h("td", a.executor || h("span.muted", "—")),
+        h("td.mono", { title: a.fingerprint || "" },
+          a.fingerprint ? `${shortFingerprint(a.fingerprint)}${a.precision ? ` · ${a.precision}` : ""}` : h("span.muted", "—")),
         h("td", pill(a.outcome)),
         h("td.muted", { title: a.started_at }, fmtTime(a.started_at)),
         h("td.num", fmtDuration(a.seconds)),
         h("td.col-error", a.error ? h("span.error-text", { title: a.error }, a.error) : h("span.muted", "—")))))),
     entries.length > shown.length ? h("p.table-foot.muted", `Showing the latest ${ATTEMPT_ROWS} of ${fmtInt(entries.length)} attempts.`) : null));
+  }
+
+  function shortFingerprint(fingerprint) {
+    if (fingerprint.startsWith("unknown:")) return "unreported";
+    const bare = fingerprint.replace(/^sha256:/, "");
+    return bare.length > 12 ? `${fingerprint.startsWith("sha256:") ? "sha256:" : ""}${bare.slice(0, 12)}` : fingerprint;
   }
 
   // ---- results ----
