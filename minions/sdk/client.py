@@ -28,7 +28,7 @@ from minions import jsoncodec
 from minions.backoff import Backoff
 from minions.retry_after import retry_after_s
 from minions.sdk.inputs import Body, InputSource, jsonl_body
-from minions.sdk.objects import Result, Task, result_from_json
+from minions.sdk.objects import Result, Task, UnknownResult, result_from_json
 from minions.sdk.parts import Progress, fetch_parts
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -193,9 +193,9 @@ class MinionsClient:
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 if line.strip():
-                    yield result_from_json(jsoncodec.loads(line))
+                    yield result_from_json(_parsed(line))
         if buffer.strip():
-            yield result_from_json(jsoncodec.loads(buffer))
+            yield result_from_json(_parsed(buffer))
 
     # Raw: the wire JSON, as docs/API.md defines it ----------------------------------------------
     async def task(self, team: str, project: str, name: str) -> dict[str, Any]:
@@ -307,3 +307,11 @@ def _error(status: int, raw: bytes) -> MinionsError:
         return MinionsError(status, error.get("code", "error"), error.get("message", ""), error.get("fields"))
     except (ValueError, KeyError, TypeError):
         return MinionsError(status, "http_error", raw.decode(errors="replace")[:500])
+
+
+def _parsed(line: bytes) -> Any:
+    """A results line's JSON; UnknownResult (the SDK's error for an unreadable line) if it is none."""
+    try:
+        return jsoncodec.loads(line)
+    except jsoncodec.JSONDecodeError as exc:
+        raise UnknownResult(f"a results line is not JSON ({exc}): {line[:200]!r}") from None

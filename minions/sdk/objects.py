@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from minions import result_shapes
 from minions.kinds import FINISHED_TASK_STATUSES
+from minions.records import format_id
 
 RecordId = str | int
 
@@ -125,9 +127,15 @@ def result_from_json(value: Any) -> Result:
         raise UnknownResult(f"not a result record: {str(value)[:200]}")
     if "error" in value:
         return FailedRecord(value["id"], str(value["error"]))
-    if "embedding" in value:
+    kind = "embedding" if "embedding" in value else "completion" if "text" in value else None
+    if kind is not None:
+        try:  # the server checks shapes at complete; a result committed before may break them
+            result_shapes.check_record(kind, value)
+        except result_shapes.Malformed as exc:
+            raise UnknownResult(f"record {format_id(value['id'])}: {exc}") from None
+    if kind == "embedding":
         return EmbeddingResult(value["id"], value["embedding"])
-    if "text" in value:
+    if kind == "completion":
         return CompletionResult(value["id"], value["text"], value.get("usage") or {})
     if "slept_ms" in value:
         return SleepResult(value["id"], value["slept_ms"])

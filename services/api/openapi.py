@@ -570,7 +570,9 @@ def _paths() -> dict[str, Schema]:
                     _AUTHED, **task_errors,
                     e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
                          "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
-                         "vector (`no_vectors`).",
+                         "vector (`no_vectors`), or a stored result among its first 1000 is not a vector "
+                         "of the task's length (`malformed_result`: committed before complete checked "
+                         "shapes; one past them breaks the response off).",
                     e422="`format` is not `jsonl`, `npy` or `parts`.",
                 ),
             },
@@ -688,7 +690,8 @@ def _paths() -> dict[str, Schema]:
                 "tags": ["executor protocol"],
                 "summary": "Commit a subtask whose output was written",
                 "description": "The output is verified first: one JSONL line per input record of the "
-                               "subtask, with the input's ids in order. A verified copy is committed "
+                               "subtask, with the input's ids in order, each of its kind's shape. A "
+                               "verified copy is committed "
                                "(its SHA-256 recorded); the output URL stops working.",
                 "requestBody": _json_body(_ref("Completion"), "What was done."),
                 "responses": _responses(
@@ -697,8 +700,10 @@ def _paths() -> dict[str, Schema]:
                     e409="The lease is no longer current (`lease_lost`), its task was cancelled "
                          "(`task_cancelled`), or the output was not written (`output_missing`).",
                     e422="`records` is missing, negative, or not the subtask's record count (`invalid`); "
-                         "or the output does not hold one line per record with the input's ids in order "
-                         "(`output_mismatch`: nothing committed, the lease stays live).",
+                         "or the output does not hold one line per record with the input's ids in order, "
+                         "or a line breaks its kind's shape (API.md, Output object) or repeats a key "
+                         "(`output_mismatch`, naming the line and the field: nothing committed, the lease "
+                         "stays live).",
                 ),
             },
         },

@@ -245,7 +245,8 @@ def _interactive(endpoint: str, operation_id: str, request: str, response: str, 
             e413="Over `MINIONS_OPENAI_MAX_REQUEST_BYTES` (`too_large`, the limit in the message).",
             e422="A field the server refuses (each named in `fields`), an unsupported parameter, or more "
                  "inputs or JSON values than allowed.",
-            e502="The executor failed the request after every attempt (`executor_failed`).",
+            e502="The executor failed the request after every attempt (`executor_failed`), or its stored "
+                 "result breaks its kind's shape (`malformed_result`).",
             e504="No executor answered within 300 s (`timeout`); the request is cancelled.",
         ) | {"503": {**_error("No online executor serves the model (`no_executor`), or the database is "
                               "unreachable (`database_unavailable`); retry after `Retry-After` seconds."),

@@ -18,7 +18,7 @@ from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.services.api.appkeys import POOL, STORE
 from minions.services.api.openai.lines import batched, lines_of
-from minions.services.api.openai.translate import new_id, response_body
+from minions.services.api.openai.translate import new_id, parse_result, response_body
 from minions.services.api.routes import tasks as task_routes
 
 Q = Queries("openai")
@@ -106,7 +106,9 @@ async def _output_lines(request: web.Request, batch: Any, task: Any, reason: tup
         record = jsoncodec.loads(line)
         meta = record["openai"]
         got = [record] + [jsoncodec.loads(await anext(records)) for _ in range(meta["records"] - 1)]
-        outcomes = [jsoncodec.loads(r) for r in [await anext(results, b"") for _ in got] if r.strip()]
+        # parse_result: a line that is not JSON (committed before complete checked shapes) is this
+        # request's error, not the finalizer's crash.
+        outcomes = [parse_result(r) for r in [await anext(results, b"") for _ in got] if r.strip()]
         request_id = new_id("req_")
         entry: dict[str, Any] = {"id": new_id("batch_req_"), "custom_id": meta["custom_id"]}
         if len(outcomes) < len(got):  # never split, or no results: cancelled before it ran
@@ -115,8 +117,9 @@ async def _output_lines(request: web.Request, batch: Any, task: Any, reason: tup
         else:
             result = response_body(batch["endpoint"], meta["body"], outcomes, created)
             body, outcome_error = result.body, result.error
-            if outcome_error is not None and any("error" in o for o in outcomes) and batch["ending"]:
-                message = next(str(o["error"]) for o in outcomes if "error" in o)
+            failures = [str(o["error"]) for o in outcomes if isinstance(o, dict) and "error" in o]
+            if outcome_error is not None and failures and batch["ending"]:
+                message = failures[0]
                 if message == "task cancelled":
                     outcome_error = reason
         if body is not None:

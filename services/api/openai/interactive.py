@@ -22,7 +22,14 @@ from minions.services.api.auth import require
 from minions.services.api.errors import ApiError, invalid
 from minions.services.api.openai.bounds import MAX_INPUTS, read_request
 from minions.services.api.openai.lines import lines_of
-from minions.services.api.openai.translate import ENDPOINT_KIND, LineError, new_id, parse_body, response_body
+from minions.services.api.openai.translate import (
+    ENDPOINT_KIND,
+    LineError,
+    new_id,
+    parse_body,
+    parse_result,
+    response_body,
+)
 from minions.services.api.responses import json_response
 from minions.services.api.routes import tasks as task_routes
 
@@ -101,12 +108,15 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     # those of the other API processes).
     request.app[WAITERS].wake(submitted["capability"])
     task = await _ended(request, ends, submitted["task_id"])
-    results = [jsoncodec.loads(line) async for line in lines_of(task_routes._result_chunks(request, task))
+    results = [parse_result(line) async for line in lines_of(task_routes._result_chunks(request, task))
                if line.strip()]
     outcome = response_body(endpoint, body, results)
     if outcome.body is None:
         assert outcome.error is not None
-        raise ApiError(502, "executor_failed", f"the executor failed the request: {outcome.error[1]}")
+        code, message = outcome.error
+        if code == "malformed_result":  # committed before complete checked shapes
+            raise ApiError(502, code, f"the executor's result cannot be read: {message}")
+        raise ApiError(502, "executor_failed", f"the executor failed the request: {message}")
     return json_response(outcome.body)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import orjson
 
+from minions import result_shapes
 from minions.kinds import PARAMS, Param
 
 ENDPOINT_KIND: Final = {"/v1/embeddings": "embedding", "/v1/chat/completions": "completion",
@@ -194,9 +195,25 @@ def float32_base64(vector: list[float]) -> str:
     return base64.b64encode(values.tobytes()).decode()
 
 
-def response_body(endpoint: str, request_body: dict[str, Any], results: list[dict[str, Any]],
+def parse_result(line: bytes) -> Any:
+    """A stored result line, parsed; None when it is not JSON (`response_body` says so)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def response_body(endpoint: str, request_body: dict[str, Any], results: list[Any],
                   created: int | None = None) -> Outcome:
-    """The response body OpenAI would give for `request_body`, from its records' results (in order)."""
+    """The response body OpenAI would give for `request_body`, from its records' results (in order).
+    A result that breaks its kind's shape (committed before complete checked shapes) is the
+    request's error `malformed_result`, naming the record and the field."""
+    dimension = None
+    for n, record in enumerate(results):
+        try:
+            dimension = result_shapes.check_record(ENDPOINT_KIND[endpoint], record, dimension) or dimension
+        except result_shapes.Malformed as exc:
+            return Outcome(error=("malformed_result", f"the stored result of input {n} is malformed: {exc}"))
     failed = next((r for r in results if "error" in r), None)
     if failed is not None:
         return Outcome(error=("server_error", str(failed["error"])))
