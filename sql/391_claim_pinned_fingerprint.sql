@@ -13,7 +13,8 @@
 --    its subtasks. Cost: the filter passes over the pending subtasks of a task pinned to another
 --    fingerprint that come first in claim order, so an executor of another revision pays for the
 --    length of such a task's queue at each claim (none does in a fleet of one revision).
--- 2. Each lease records nothing new: the attempt's fingerprint is written when it ends (sql/390).
+-- 2. Each lease records nothing new: an attempt's fingerprint and precision are read from its
+--    executor's registration history (sql/390, minion_attempt_model).
 -- 3. Pinning is race-free: before a claim takes its leases, each of their tasks not pinned yet is
 --    pinned with `UPDATE tasks SET fingerprint = mine WHERE id = t AND fingerprint IS NULL`
 --    (minion_claim_pin_tasks). Of two claims with different fingerprints that both read a task
@@ -24,6 +25,10 @@
 --    the same way. Task rows are pinned in task order, as the claim marks them running.
 --    The probe is then run once more for what is still wanted (it now sees the pin and passes over
 --    that task).
+--
+-- Measured (ad hoc loop, one connection, 300 claims of one from a 3,000-subtask task, alternating
+-- with a sleep task's, three rounds): 0.49-0.61 ms an embedding claim against 0.49-0.56 ms a sleep
+-- claim, within the noise of the machine.
 
 -- The tasks among p_task_ids that p_executor may not serve: pinned to another fingerprint, or pinned
 -- by a concurrent claim before this one could. The others not pinned yet are pinned to its

@@ -63,8 +63,10 @@ async def test_the_first_lease_pins_the_task_and_the_other_fingerprint_gets_none
     assert sorted(r["subtask_id"] for r in rest) == [1, 2, 3, 4, 5]
     for lease in first + rest:
         assert await conn.fetchval("SELECT minion_complete($1, 1, 0.01)", lease["lease_token"]) == "ok"
-    attempts = await conn.fetch("SELECT executor_id, fingerprint, precision FROM subtask_attempts WHERE task_id = $1",
-                                task)
+    attempts = await conn.fetch(
+        """SELECT a.executor_id, m.fingerprint, m.precision FROM subtask_attempts a
+             CROSS JOIN LATERAL minion_attempt_model(a.executor_id, 'embedding:m', a.started_at) m
+            WHERE a.task_id = $1""", task)
     assert len(attempts) == 6 and {tuple(r) for r in attempts} == {(a, FP_A, "fp32")}
     await conn.close()
 
