@@ -14,15 +14,17 @@ from minions import protocol
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES, Param
 from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
 from minions.services.api.openai import document as openai_document
+from minions.services.api.openapi_parts import JSON, Schema
+from minions.services.api.openapi_parts import error as _error
+from minions.services.api.openapi_parts import ok as _ok
+from minions.services.api.openapi_parts import ref as _ref
+from minions.services.api.openapi_parts import responses as _responses
 from minions.services.api.validation import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
-
-Schema = dict[str, Any]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
 ATTEMPT_OUTCOMES = ["running", "done", "failed", "lost", "released", "cancelled", "superseded"]
-JSON = "application/json"
 NDJSON = "application/x-ndjson"
 JSONL_MEDIA_TYPES = (NDJSON, "application/jsonl", "application/json-lines")  # what POST /api/v1/inputs takes
 NOT_BLANK = r"\S"  # at least one non-whitespace character (the server strips before checking)
@@ -54,10 +56,6 @@ difference.
 """
 
 
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _name(description: str) -> Schema:
     return {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 64,
             "description": description}
@@ -78,14 +76,6 @@ def _json_body(schema: Schema, description: str, *, required: bool = True) -> Sc
     return {"required": required, "description": description, "content": {JSON: {"schema": schema}}}
 
 
-def _error(description: str) -> Schema:
-    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
-
-
-def _ok(schema: Schema, description: str, status: str = "200") -> dict[str, Schema]:
-    return {status: {"description": description, "content": {JSON: {"schema": schema}}}}
-
-
 # Errors that the middlewares can give any operation that needs a token.
 _AUTHED = {
     "401": {"$ref": "#/components/responses/Unauthorized"},
@@ -96,16 +86,6 @@ _BODY = {  # operations that read a JSON body
     "408": {"$ref": "#/components/responses/RequestTimeout"},
     "413": {"$ref": "#/components/responses/TooLarge"},
 }
-
-
-def _responses(*groups: dict[str, Schema], **errors: str) -> dict[str, Schema]:
-    """Merge response groups; keyword `e403="..."` adds an Error response with that description."""
-    merged: dict[str, Schema] = {}
-    for group in groups:
-        merged.update(group)
-    for key, description in errors.items():
-        merged[key.removeprefix("e")] = _error(description)
-    return dict(sorted(merged.items()))
 
 
 def _path_param(name: str, schema: Schema, description: str) -> Schema:

@@ -16,7 +16,7 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than
+from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than, read_within
 from minions.services.api.errors import ApiError, bad_request
 
 THREAD_ABOVE = 1 << 20  # bodies larger than this are decoded in a thread (the loop keeps serving)
@@ -32,24 +32,12 @@ class Submission:
 
 
 async def read_submission(request: web.Request, limit: int) -> Submission:
-    body = await read_bounded(request, limit)
+    body = await read_within(request, limit, too_large)
     if not body.strip():
         raise bad_request("request body is empty; a JSON object is required")
     if len(body) > THREAD_ABOVE:
         return await asyncio.to_thread(outline, body)
     return outline(body)
-
-
-async def read_bounded(request: web.Request, limit: int) -> bytearray:
-    """The body in one buffer, refused with 413 as soon as it is known to exceed `limit`."""
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large(limit)
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 20):
-        body += chunk
-        if len(body) > limit:
-            raise too_large(limit)
-    return body
 
 
 def too_large(limit: int) -> ApiError:

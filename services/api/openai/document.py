@@ -15,27 +15,17 @@ from minions.services.api.openai.batches import MAX_BODY_BYTES
 from minions.services.api.openai.bounds import MAX_INPUTS
 from minions.services.api.openai.files import PURPOSES
 from minions.services.api.openai.translate import ENDPOINT_KIND, ROLE_MAP
+from minions.services.api.openapi_parts import JSON, Schema
+from minions.services.api.openapi_parts import error as _error
+from minions.services.api.openapi_parts import ok as _ok
+from minions.services.api.openapi_parts import ref as _ref
+from minions.services.api.openapi_parts import responses as _responses
 
-Schema = dict[str, Any]
-
-JSON = "application/json"
 JSONL = "application/jsonl"
 NO_NUL = r"^[^\u0000]*$"
 BATCH_STATUSES = ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                   "cancelled"]
 TAG = "openai"
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _error(description: str) -> Schema:
-    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
-
-
-def _ok(schema: Schema, description: str) -> dict[str, Schema]:
-    return {"200": {"description": description, "content": {JSON: {"schema": schema}}}}
 
 
 def _nullable(schema: Schema) -> Schema:
@@ -56,15 +46,6 @@ _AUTHED = {"401": {"$ref": "#/components/responses/Unauthorized"},
            "503": {"$ref": "#/components/responses/DatabaseUnavailable"}}
 _BODY = {"400": {"$ref": "#/components/responses/MalformedBody"},
          "408": {"$ref": "#/components/responses/RequestTimeout"}}
-
-
-def _responses(*groups: dict[str, Schema], **errors: str) -> dict[str, Schema]:
-    merged: dict[str, Schema] = {}
-    for group in groups:
-        merged.update(group)
-    for key, description in errors.items():
-        merged[key.removeprefix("e")] = _error(description)
-    return dict(sorted(merged.items()))
 
 
 def _query(name: str, schema: Schema, description: str) -> Schema:
