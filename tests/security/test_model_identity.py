@@ -175,7 +175,10 @@ async def test_the_api_takes_fingerprints_pins_model_at_revision_and_shows_each_
                               "fingerprint": FP_A, "precision": "fp 16", "extra": 1}])
         assert bad.status == 422, bad.body
         assert set(bad.error["fields"]) == {"fingerprints[0].model", "fingerprints[0].fingerprint",
-                                            "fingerprints[1]", "fingerprints[2]"}
+                                            "fingerprints[1]", "fingerprints[2].precision"}
+        twice = await _register(api, "twice", [{"model": "m", "fingerprint": FP_A},
+                                               {"model": "m", "fingerprint": FP_B}])
+        assert set(twice.error["fields"]) == {"fingerprints[1].model"}, twice.body
         reply = await _register(api, "a", [{"model": "m", "fingerprint": FP_A.upper(), "precision": "bf16",
                                             "backend": "transformers"}])
         assert reply.status == 201, reply.body

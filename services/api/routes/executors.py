@@ -51,7 +51,6 @@ def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -
     return list(dict.fromkeys(value))
 
 
-FINGERPRINT_FIELDS = {"model", "fingerprint", "precision", "backend"}
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}\Z")  # a precision or a backend name
 
 
@@ -69,7 +68,7 @@ def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list
     found = []
     for i, entry in enumerate(value):
         where = f"fingerprints[{i}]"
-        if not isinstance(entry, dict) or set(entry) - FINGERPRINT_FIELDS:
+        if not isinstance(entry, dict):  # other keys are ignored: a newer agent may report more
             errors[where] = "must be an object of model, fingerprint and optionally precision, backend"
             continue
         model, fingerprint = entry.get("model"), entry.get("fingerprint")
