@@ -195,7 +195,7 @@ class OutputCheck:
         which `_check_line` gives it, naming the first fault."""
         field = result_shapes.RESULT_FIELD.get(self.kind)
         if field is None:  # sleep: no shape; no key twice
-            return self._no_repeats(lines, values, [len(value) for value in values])
+            return self._no_repeats(lines, values, list(map(len, values)))
         try:
             if any("error" in value for value in values):
                 return False  # a record's failure: rare, checked a line at a time
@@ -217,19 +217,23 @@ class OutputCheck:
             return False
         # The pairs known: the line's own and its usage's (see result_shapes.repeated_key).
         known = [len(value) + len(value["usage"]) if "usage" in value else len(value) for value in values]
-        if field == "text":  # a text's colons are not pairs (a line spelling one as \u003a: looked at)
-            return self._no_repeats(lines, values, known, [text.count(":") if b"\\u003" not in line else 0
-                                                           for line, text in zip(lines, results, strict=True)])
-        return self._no_repeats(lines, values, known)
+        return self._no_repeats(lines, values, known, field)
 
     @staticmethod
-    def _no_repeats(lines: list[bytes], values: list[Any], known: list[int], colons: list[int] | None = None) -> bool:
-        """Whether no line repeats a key: at once for a line with no more colons outside `colons` (in
-        its strings) than `known` pairs, else by result_shapes.repeated_key."""
-        extra = colons or itertools.repeat(0)
-        return all(line.count(b":") - c <= k for line, k, c in zip(lines, known, extra, strict=False)) or not any(
-            line.count(b":") - c > k and result_shapes.repeated_key(line, value, k) is not None
-            for line, value, k, c in zip(lines, values, known, extra, strict=False))
+    def _no_repeats(lines: list[bytes], values: list[Any], known: list[int], field: str | None = None) -> bool:
+        """Whether no line repeats a key: at once for a line with no more colons than `known` pairs
+        (every line, usually), else by result_shapes.repeated_key, told the colons of a completion's
+        text."""
+        counts = list(map(bytes.count, lines, itertools.repeat(b":")))
+        if counts == known:  # never fewer: each pair has its colon
+            return True
+        for n, (count, pairs) in enumerate(zip(counts, known, strict=True)):
+            if count > pairs:
+                text = values[n].get(field) if field == "text" else None
+                in_text = text.count(":") if isinstance(text, str) else 0
+                if result_shapes.repeated_key(lines[n], values[n], pairs, in_text) is not None:
+                    return False
+        return True
 
     def _check_line(self, number: int, line: bytes, value: Any) -> None:
         """OutputMismatch naming the line and the field if line `number` breaks its kind's shape or
