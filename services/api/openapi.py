@@ -399,6 +399,11 @@ def _response_schemas() -> dict[str, Schema]:
             "models": {"type": "array", "items": {"type": "string"}},
             "preferences": {"type": "array", "items": {"type": "object"}},
             "current": {"type": "array", "items": {"type": "object"}, "description": "Leases it holds."},
+            "fingerprints": {"type": "array", "items": _object({
+                "model": {"type": "string"}, "fingerprint": {"type": "string"},
+                "precision": _nullable({"type": "string"}), "backend": _nullable({"type": "string"}),
+            }), "description": "What it loads for each model, as it registered; empty for an agent that reports "
+                               "none (each of its models then counts as its own, `unknown:<executor id>`)."},
             "registered_at": _timestamp(),
             "last_heartbeat_at": _timestamp(nullable=True),
         }),

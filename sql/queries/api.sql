@@ -150,7 +150,11 @@ SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
                                                      'attempt', s.attempts, 'leased_at', s.leased_at)
                                   ORDER BY s.leased_at)
                    FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'
-                    AND ($2::text IS NULL OR s.team = $2)), '[]') AS current
+                    AND ($2::text IS NULL OR s.team = $2)), '[]') AS current,
+       -- What it loads for each model (sql/390); none: an agent that reports none.
+       coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_object('model', f.model, 'fingerprint', f.fingerprint,
+                                                              'precision', f.precision, 'backend', f.backend))
+                   FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;

@@ -185,6 +185,14 @@ async def test_the_api_takes_fingerprints_pins_model_at_revision_and_shows_each_
         a = reply.body["executor_id"]
         reply = await _register(api, "b", [{"model": "m", "fingerprint": FP_B, "precision": "fp32"}])
         b = reply.body["executor_id"]
+        old = await api.call("POST", "/api/v1/executors/register", token="executor", json={
+            "name": "old", "kinds": ["embedding"], "models": ["m"]})  # an agent from before fingerprints
+        assert old.status == 201, old.body
+        listed = {e["name"]: e["fingerprints"] for e in (await api.call("GET", "/api/v1/executors")).body["executors"]}
+        assert listed == {"a": [{"model": "m", "fingerprint": FP_A, "precision": "bf16", "backend": "transformers"}],
+                          "b": [{"model": "m", "fingerprint": FP_B, "precision": "fp32", "backend": None}],
+                          "old": []}
+        await api.call("POST", f"/api/v1/executors/{old.body['executor_id']}/deregister", token="executor")
 
         bad_rev = await api.call("POST", "/api/v1/tasks", json={
             "team": "search", "project": "ranker", "name": "bad-rev", "kind": "embedding", "model": "m@no way",

@@ -419,6 +419,7 @@ async def list_executors(request: web.Request) -> web.Response:
             "hardware": r["hardware"], "details_hidden": r["details_hidden"], "kinds": r["kinds"],
             "models": r["models"],
             "preferences": r["preferences"], "current": r["current"],
+            "fingerprints": sorted(r["fingerprints"], key=lambda f: f["model"]),
             "registered_at": r["registered_at"].isoformat(),
             "last_heartbeat_at": r["last_heartbeat_at"].isoformat() if r["last_heartbeat_at"] else None,
         }

@@ -66,6 +66,18 @@ export function executorsView(ctx) {
     }, chosen.map((p) => `${p.precision} · cos ${cosine(p)}`).join(", "));
   }
 
+  // What it loads for each model: a task's results all come from one fingerprint. An agent that
+  // reports none serves each model as its own (its tasks show "unreported").
+  function identityLine(e) {
+    const served = (e.kinds || []).some((k) => k !== "sleep") && (e.models || []).length;
+    const reported = Array.isArray(e.fingerprints) ? e.fingerprints : [];
+    if (!served) return null;
+    if (!reported.length) return h("div.cell-sub.muted", "model identity not reported");
+    return h("div.cell-sub.truncate.mono", {
+      title: reported.map((f) => `${f.model}: ${f.fingerprint}${f.precision ? ` (${f.precision})` : ""}`).join("\n"),
+    }, reported.map((f) => f.fingerprint.replace(/^sha256:/, "").slice(0, 12)).join(", "));
+  }
+
   function row(e) {
     const hw = e.hardware || {};
     const facts = [hw.os, hw.memory_gb ? `${hw.memory_gb} GB` : null].filter(Boolean);
@@ -86,7 +98,8 @@ export function executorsView(ctx) {
       h("td",
         h("div.chips", (e.kinds || []).map((k) => h("span.kind", { class: `kind-${k}` }, k))),
         models.length ? h("div.cell-sub.truncate", { title: models.join("\n") },
-          models.length === 1 ? models[0] : `${models[0]} +${models.length - 1} more`) : null),
+          models.length === 1 ? models[0] : `${models[0]} +${models.length - 1} more`) : null,
+        identityLine(e)),
       h("td.cell-current", e.current.length
         ? e.current.map((c) => h("div.current",
           h("a", { href: taskHref(c) }, `${c.team}/${c.project}/${c.task_name}`),
