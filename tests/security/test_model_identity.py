@@ -225,3 +225,22 @@ async def test_the_api_takes_fingerprints_pins_model_at_revision_and_shows_each_
         assert again.status == 204, again.body
         task = await api.call("GET", "/api/v1/tasks/search/ranker/pinned")
         assert task.body["fingerprint"] == FP_B and task.body["subtasks"]["pending"] == 3
+
+
+async def test_the_fingerprint_history_stays_bounded(database_url: str) -> None:
+    """Registering the same name again is not rate-limited: the same fingerprints add no history,
+    and an executor keeps its latest 64 periods whatever it sends."""
+    conn, token_id = await _setup(database_url)
+    ex = await _executor(conn, token_id, FP_A)
+    periods = "SELECT count(DISTINCT valid_from) FROM executor_fingerprint_history WHERE executor_id = $1"
+    for _ in range(5):
+        await conn.execute("SELECT minion_set_executor_fingerprints($1, $2::jsonb)", ex,
+                           [{"model": "m", "fingerprint": FP_A, "precision": "fp32", "backend": "test"}])
+    assert await conn.fetchval(periods, ex) == 1
+    for i in range(70):
+        await conn.execute("SELECT minion_set_executor_fingerprints($1, $2::jsonb)", ex,
+                           [{"model": "m", "fingerprint": f"{i:040x}"}])
+    assert await conn.fetchval(periods, ex) == 64
+    assert await conn.fetchval("SELECT fingerprint FROM executor_fingerprints WHERE executor_id = $1", ex) \
+        == f"{69:040x}"
+    await conn.close()
