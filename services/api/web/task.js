@@ -311,13 +311,14 @@ export function taskView(ctx, team, project, name) {
     }
     const shown = entries.slice(0, ATTEMPT_ROWS);
     clear(attemptsHost, h("div.table-scroll", h("table.table.table-compact.attempts-table",
-      h("thead", h("tr", h("th.num", "Subtask"), h("th.num", "Attempt"), h("th", "Executor"), h("th", "Model"),
+      h("thead", h("tr", h("th.num", "Subtask"), h("th.num", "Attempt"), h("th", "Executor"),
+        task.kind === "sleep" ? null : h("th", "Model"),
         h("th", "Outcome"), h("th", "Started"), h("th.num", "Duration"), h("th.col-error", "Error"))),
       h("tbody", shown.map((a) => h("tr", { dataset: { outcome: a.outcome } },
         h("td.num", String(a.subtask_id)),
         h("td.num", `#${a.attempt}`),
         h("td", a.executor || h("span.muted", "—")),
-        h("td.mono", { title: a.fingerprint || "" },
+        task.kind === "sleep" ? null : h("td.mono", { title: a.fingerprint || "" },
           a.fingerprint ? `${shortFingerprint(a.fingerprint)}${a.precision ? ` · ${a.precision}` : ""}` : h("span.muted", "—")),
         h("td", pill(a.outcome)),
         h("td.muted", { title: a.started_at }, fmtTime(a.started_at)),
