@@ -18,3 +18,15 @@ def is_name(value: object) -> bool:
 # model's files, an Ollama digest), also the revision of a task's `model` given as name@revision.
 FINGERPRINT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,159}\Z")
 FINGERPRINT_RULE = "1-160 characters of [A-Za-z0-9:._-], starting with a letter or digit"
+
+
+def model_revision_problem(model: str) -> str | None:
+    """What is wrong with the revision of `name@revision` (it pins the task's model fingerprint: a
+    Hugging Face commit, a sha256:<hex> or an Ollama digest), or None (no revision, or a good one)."""
+    name, at, revision = model.rpartition("@")
+    if not at:
+        return None
+    if not name or not FINGERPRINT.fullmatch(revision):
+        return ("a model pinned to a revision is name@revision, the revision " + FINGERPRINT_RULE
+                + " (the fingerprint an executor reports for the model)")
+    return None

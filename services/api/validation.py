@@ -8,7 +8,7 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, params_problems
-from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME, NAME_RULE
+from minions.names import NAME, NAME_RULE, model_revision_problem
 from minions.services.api.errors import bad_request, invalid
 from minions.services.api.inline_records import MalformedRecords, SpooledRecords, scan_records
 from minions.services.api.nul import NUL_RULE, nul_path
@@ -106,18 +106,6 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
         params=params, priority=priority, subtask_size=subtask_size, records=spooled,
         input_uri=input_uri, request_hash=fingerprint.hexdigest(),
     )
-
-
-def model_revision_problem(model: str) -> str | None:
-    """What is wrong with the revision of `name@revision` (it pins the task's model fingerprint: a
-    Hugging Face commit, a sha256:<hex> or an Ollama digest), or None (no revision, or a good one)."""
-    name, at, revision = model.rpartition("@")
-    if not at:
-        return None
-    if not name or not FINGERPRINT.fullmatch(revision):
-        return ("a model pinned to a revision is name@revision, the revision " + FINGERPRINT_RULE
-                + " (the fingerprint an executor reports for the model)")
-    return None
 
 
 def _validate_input(value: Any, errors: dict[str, str]) -> str | None:

@@ -214,6 +214,8 @@ class Watchdog:
             self.lease_timeout_s = current.lease_timeout_s
         reclaimed = await conn.fetchval(Q.reclaim_expired)
         self._count(reclaimed, "sweep")
+        if unpinned := await conn.fetchval(Q.unpin_idle_tasks):
+            log.info("model_pins_released", tasks=unpinned)
         rows = await conn.fetch(Q.lease_holders)
         self.deadlines.replace_all({r["executor_id"]: r["remaining_s"] for r in rows})
 

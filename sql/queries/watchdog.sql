@@ -17,3 +17,7 @@ SELECT minion_reclaim_executor($1);
 
 -- name: reclaim_expired
 SELECT minion_reclaim_expired();
+
+-- name: unpin_idle_tasks
+-- Model pins that hold nothing any more (sql/393): a vanished machine's pin strands no task.
+SELECT minion_unpin_idle_tasks();

@@ -60,3 +60,16 @@ def test_finish_reason_and_usage() -> None:
     assert short.body is not None and short.body["choices"][0]["finish_reason"] == "stop"
     failed = response_body("/v1/embeddings", {"model": "m"}, [{"id": "0.0", "error": "boom"}])
     assert failed.body is None and failed.error == ("server_error", "boom")
+
+
+@pytest.mark.parametrize("model", ["m@", "@abc", "m@Some Thing", "m@" + "a" * 161])
+def test_a_model_pinned_to_a_bad_revision_is_refused_on_its_line(model: str) -> None:
+    """name@revision pins a task's model (sql/390); a revision that is empty, too long or of another
+    form is refused on its line (it was a 500, or a task no executor could ever serve)."""
+    line = b'{"custom_id":"c","method":"POST","url":"/v1/embeddings","body":{"model":"%s","input":"a"}}' % (
+        model.encode())
+    with pytest.raises(LineError) as refused:
+        parse_request_line(line, 1, "/v1/embeddings")
+    assert refused.value.param == "body.model" and "name@revision" in refused.value.message
+    assert parse_request_line(line.replace(model.encode(), b"m@" + b"a" * 40), 1, "/v1/embeddings").model == (
+        "m@" + "a" * 40)

@@ -89,3 +89,29 @@ async def test_a_token_holds_at_most_its_executors_across_api_processes(database
         assert [r.status for r in again] == [201] * cap
         assert (await _register(apis[0], "one-more", token=token)).status == 403
         assert len(await _names(apis[0])) == cap
+
+
+async def test_names_no_longer_in_use_leave_the_cap(database_url: str, tmp_path: Path) -> None:
+    """The cap counts the executors a token uses (registered in the last 7 days, or heard from in the
+    last day, sql/393), not every name it ever registered: a fleet of short-lived hosts named after
+    their hostname would otherwise reach it for good, with no way to remove names."""
+    cap = 3
+    async with running_api(database_url, tmp_path / "store", max_executors_per_token=cap) as api:
+        for i in range(cap):
+            assert (await _register(api, f"gone-{i}")).status == 201
+        assert (await _register(api, "new")).status == 403
+        conn = await connect(database_url)
+        try:
+            # gone-0 and gone-1 were last registered 8 days ago and have been silent since; gone-2
+            # registered as long ago but still heartbeats.
+            await conn.execute("""UPDATE executors SET registered_at = now() - interval '8 days'
+                                   WHERE name LIKE 'gone-%'""")
+            await conn.execute("""UPDATE heartbeats h SET beat_at = now() - interval '8 days',
+                                         seen_at = now() - interval '8 days'
+                                    FROM executors e
+                                   WHERE e.id = h.executor_id AND e.name IN ('gone-0', 'gone-1')""")
+        finally:
+            await conn.close()
+        assert (await _register(api, "new")).status == 201
+        assert (await _register(api, "newer")).status == 201
+        assert (await _register(api, "newest")).status == 403  # new, newer and gone-2 are in use

@@ -94,9 +94,11 @@ async def test_a_preferred_task_and_a_straggler_backup_keep_the_pin(database_url
     await conn.close()
 
 
-async def test_an_executor_without_fingerprint_is_its_own(database_url: str) -> None:
-    """An older agent (no fingerprints): it may start a task no one pinned, which is then its alone,
-    and it never joins a task pinned to a reported fingerprint."""
+async def test_an_executor_without_fingerprint_pins_nothing(database_url: str) -> None:
+    """An older agent, or one that has not loaded the model yet (no fingerprint: 'unknown:<id>'), takes
+    only tasks no one pinned and leaves them unpinned (sql/393): before, its first lease pinned the task
+    to 'unknown:<id>', so the task ran on that one machine and waited forever once it was gone. It never
+    joins a task pinned to a reported fingerprint, and its attempts read as unknown."""
     conn, token_id = await _setup(database_url)
     old = await _executor(conn, token_id, None)
     old_twin = await _executor(conn, token_id, None)
@@ -105,10 +107,52 @@ async def test_an_executor_without_fingerprint_is_its_own(database_url: str) -> 
     assert len(await _claim(conn, a, token_id)) == 1
     assert await _claim(conn, old, token_id, 10) == []
     task = await make_task(conn, kind="embedding", model="m", subtasks=4)
-    assert [r["task_id"] for r in await _claim(conn, old, token_id)] == [task]
-    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) == f"unknown:{old}"
-    assert {r["task_id"] for r in await _claim(conn, a, token_id, 10)} == {pinned}
-    assert await _claim(conn, old_twin, token_id, 10) == []  # another old agent is another model
+    leases = await _claim(conn, old, token_id)
+    assert [r["task_id"] for r in leases] == [task]
+    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) is None
+    assert [r["task_id"] for r in await _claim(conn, old_twin, token_id)] == [task]  # still open to all
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.01)", leases[0]["lease_token"]) == "ok"
+    model = await conn.fetchrow(
+        """SELECT m.fingerprint FROM subtask_attempts a
+             CROSS JOIN LATERAL minion_attempt_model(a.executor_id, 'embedding:m', a.started_at) m
+            WHERE a.task_id = $1 AND a.executor_id = $2""", task, old)
+    assert model["fingerprint"] == f"unknown:{old}"
+    # The first executor that reports one pins it; the unknown ones get no more of it.
+    assert {r["task_id"] for r in await _claim(conn, a, token_id, 10)} == {pinned, task}
+    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) == FP_A
+    assert await _claim(conn, old, token_id, 10) == []
+    await conn.close()
+
+
+async def test_a_pin_that_holds_nothing_is_given_back(database_url: str) -> None:
+    """A machine pins a task with its first lease and vanishes (or a hostile executor claims one
+    subtask of every new task and goes silent): once the task holds nothing from it (its lease
+    reclaimed, no subtask done), the watchdog's sweep gives the pin back and another fingerprint
+    runs the task. A task with a result, or pinned by its submission, keeps its pin."""
+    conn, token_id = await _setup(database_url)
+    a = await _executor(conn, token_id, FP_A)
+    b = await _executor(conn, token_id, FP_B)
+    stranded = await make_task(conn, kind="embedding", model="m", name="stranded", subtasks=1)
+    kept = await make_task(conn, kind="embedding", model="m", name="kept", subtasks=2)
+    revision = await make_task(conn, kind="embedding", model=f"m@{FP_A}", name="revision", subtasks=2)
+    leases = await _claim(conn, a, token_id, 3)
+    assert {r["task_id"] for r in leases} == {stranded, kept}
+    done = next(r for r in leases if r["task_id"] == kept)
+    assert await conn.fetchval("SELECT minion_complete($1, 1, 0.01)", done["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT minion_unpin_idle_tasks()") == 0  # A still holds leases of both
+    assert await _claim(conn, b, token_id, 10) == []
+    # A goes silent: the watchdog takes its leases back.
+    await conn.execute("UPDATE heartbeats SET beat_at = now() - interval '1 hour', seen_at = now() - interval "
+                       "'1 hour' WHERE executor_id = $1", a)
+    assert await conn.fetchval("SELECT minion_reclaim_executor($1)", a) == 2
+    assert await conn.fetchval("SELECT minion_unpin_idle_tasks()") == 1
+    fingerprints = dict(await conn.fetch("SELECT name, fingerprint FROM tasks WHERE id = ANY($1)",
+                                         [stranded, kept, revision]))
+    assert fingerprints == {"stranded": None, "kept": FP_A, "revision": FP_A}
+    taken = await _claim(conn, b, token_id, 10)
+    assert {r["task_id"] for r in taken} == {stranded}
+    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", stranded) == FP_B
+    assert await conn.fetchval("SELECT minion_unpin_idle_tasks()") == 0  # B holds its leases
     await conn.close()
 
 

@@ -18,6 +18,7 @@ import orjson
 
 from minions import result_shapes
 from minions.kinds import PARAMS, Param
+from minions.names import model_revision_problem
 
 ENDPOINT_KIND: Final = {"/v1/embeddings": "embedding", "/v1/chat/completions": "completion",
                         "/v1/completions": "completion"}
@@ -82,6 +83,8 @@ def parse_body(body: dict[str, Any], endpoint: str, custom_id: str, record_id: s
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > 256 or "\x00" in model:
         raise LineError("invalid_request", "body.model must be a model name", "body.model")
+    if (problem := model_revision_problem(model)) is not None:  # name@revision pins the model (sql/390)
+        raise LineError("invalid_request", f"body.model: {problem}", "body.model")
     if endpoint == "/v1/embeddings":
         return _embedding(body, custom_id, record_id, model)
     if endpoint == "/v1/chat/completions":
