@@ -26,7 +26,7 @@ async def _refusal(reader: asyncio.StreamReader) -> bytes | None:
     """What the server sent before closing a connection that sent nothing (a refusal comes at once),
     or None if it holds it."""
     try:
-        return await asyncio.wait_for(reader.read(), 1.5)
+        return await asyncio.wait_for(reader.read(), 3)
     except TimeoutError:
         return None
 
@@ -71,7 +71,16 @@ async def test_the_cap_holds_per_address_across_workers_and_a_refusal_is_one_war
         return len(seen) == 2
 
     await eventually(both_workers_listen, "both workers listening", timeout_s=30)
-    await asyncio.sleep(1)  # the servers saw those connections close and gave their counts back
+
+    async def admitted_again() -> bool:  # closed connections gave their counts back, in both workers
+        again = [await _open(services.port) for _ in range(PER_IP)]
+        try:
+            return not any(await asyncio.gather(*(_refusal(reader) for reader, _ in again)))
+        finally:
+            for _, writer in again:
+                writer.close()
+
+    await eventually(admitted_again, "the probes' connections given back", timeout_s=20)
 
     connections = [await _open(services.port) for _ in range(3 * PER_IP)]
     try:
@@ -86,20 +95,14 @@ async def test_the_cap_holds_per_address_across_workers_and_a_refusal_is_one_war
         for _, writer in connections:
             writer.close()
 
-    async def admitted_again() -> bool:  # the closed connections gave their counts back, in both workers
-        again = [await _open(services.port) for _ in range(PER_IP)]
-        try:
-            return not any(await asyncio.gather(*(_refusal(reader) for reader, _ in again)))
-        finally:
-            for _, writer in again:
-                writer.close()
-
     await eventually(admitted_again, "connections admitted after the held ones closed", timeout_s=20)
 
     log = api.log()
     events = _events(log)
     refusals = [e for e in events if e.get("event") == "connections_refused"]
     assert refusals and all(e["level"] == "warning" and e["limit"] == PER_IP for e in refusals), refusals
-    assert len(refusals) <= 2, f"one warning per worker for the episode, not one per connection: {len(refusals)}"
+    # One warning per worker and episode (a retry of admitted_again may start another), never one per
+    # refused connection (60 here).
+    assert len(refusals) <= 6, f"one warning per worker for an episode, not one per connection: {len(refusals)}"
     assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
     assert not [e for e in events if e.get("level") in ("error", "critical")], log[-3000:]
