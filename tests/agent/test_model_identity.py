@@ -92,6 +92,22 @@ def test_a_model_changed_since_registration_is_not_served(tmp_path: Path, tiny_l
     assert reported[0]["fingerprint"] != model_paths.fingerprint(str(folder))
 
 
+def test_a_reload_that_resolves_to_other_files_is_not_served(tmp_path: Path, tiny_lm_dirs: dict[str, Path]) -> None:
+    """A model first loaded after registration (not reported then), unloaded for another and loaded
+    again from files that changed meanwhile, is refused too, not served as the first identity."""
+    folder = tmp_path / "lm"
+    shutil.copytree(tiny_lm_dirs["plain"], folder)
+    identities = ModelIdentities("transformers")
+    identities.loaded(str(folder), object())
+    first = identities.fingerprint(str(folder))
+    assert first is not None
+    config = folder / "config.json"
+    config.write_text(config.read_text().replace("}", ', "minions_note": 3}', 1))
+    with pytest.raises(RunnerError, match="restart the agent"):
+        identities.loaded(str(folder), object())
+    assert identities.fingerprint(str(folder)) == first
+
+
 @pytest_asyncio.fixture
 async def double(tiny_lm_dirs: dict[str, Path]) -> AsyncIterator[OllamaDouble]:
     server = OllamaDouble(tiny_lm_dirs["plain"], models=["tiny:latest", "llama3.2:1b"])

@@ -36,10 +36,12 @@ class ModelIdentities:
         return found
 
     def loaded(self, name: str, model: Any) -> None:
-        """Record what `name` loaded as; a model whose files changed since the agent reported them is
-        not served (its results would be pinned to the other model's fingerprint)."""
+        """Record what `name` loaded as; a model whose files changed since the agent reported or first
+        loaded them is not served (its results would be pinned to the other model's fingerprint)."""
         fingerprint = model_paths.loaded_fingerprint(name, model)
-        reported = self._reported.get(name)
+        # The first identity this runner knew for the name, reported or loaded: a reload (after the
+        # runner served another model meanwhile) that resolves to other files is refused too.
+        reported = self._reported.get(name) or self._loaded.get(name)
         if fingerprint is None:
             return
         if reported is not None and fingerprint != reported:
