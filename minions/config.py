@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from minions.names import NAME
+
 
 class ConfigError(ValueError):
     """A setting has a value that cannot work; the message names the variable."""
@@ -66,6 +68,9 @@ class Settings:
     spot_check_share: float = _setting(0.02, "MINIONS_SPOT_CHECK_SHARE",
                                        "share of a trusted executor's subtasks run again by another executor "
                                        "before they commit (0 to 1)", {API, UP})
+    spot_check_team_shares: str = _setting("", "MINIONS_SPOT_CHECK_TEAM_SHARES",
+                                           "teams with a share of their own: team=share,team=share "
+                                           "(sql/401)", {API, UP})
     spot_check_min_cosine: float = _setting(0.999, "MINIONS_SPOT_CHECK_MIN_COSINE",
                                             "two embeddings of a record agree at this cosine or more", {API, UP})
     trust_agreements: int = _setting(5, "MINIONS_TRUST_AGREEMENTS",
@@ -155,6 +160,7 @@ class Settings:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
         if not 0 <= self.spot_check_share <= 1:
             problems.append("MINIONS_SPOT_CHECK_SHARE must be from 0 to 1")
+        problems.extend(team_share_problems(self.spot_check_team_shares))
         if not -1 <= self.spot_check_min_cosine <= 1:
             problems.append("MINIONS_SPOT_CHECK_MIN_COSINE must be from -1 to 1")
         if self.trust_agreements < 0:
@@ -213,6 +219,21 @@ class Settings:
 def names_for(*processes: str) -> tuple[str, ...]:
     """The settings the given processes read (their flags; what `minions up` hands them)."""
     return tuple(f.name for f in dataclasses.fields(Settings) if f.metadata["used_by"] & set(processes))
+
+
+def team_share_problems(value: str) -> list[str]:
+    """What is wrong with a MINIONS_SPOT_CHECK_TEAM_SHARES value ('team=share,...'; empty: none)."""
+    problems = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        team, _, share = item.partition("=")
+        try:
+            ok = bool(NAME.match(team.strip())) and 0 <= float(share) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            problems.append(f"MINIONS_SPOT_CHECK_TEAM_SHARES: {item!r} is not team=share (a team name, a share "
+                            "from 0 to 1)")
+    return problems
 
 
 def check_lease_timeout(lease_timeout_s: float, heartbeat_interval_s: float) -> None:

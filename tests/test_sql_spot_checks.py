@@ -227,3 +227,16 @@ async def test_an_unchecked_complete_reads_nothing_of_the_checks(database_url: s
     assert not await conn.fetchval("SELECT check_wanted FROM subtasks WHERE lease_token = $1", lease["lease_token"])
     assert after.get("subtask_checks", 0) - before.get("subtask_checks", 0) == 0
     await conn.close()
+
+
+async def test_a_team_with_a_share_of_its_own(database_url: str) -> None:
+    """sql/401: minions.spot_check_team_shares gives a team its own share; other teams keep the global one."""
+    conn, _, (a, _, _) = await _cluster(database_url, share=0.0, subtasks=1)
+    other = await make_task(conn, team="other", subtasks=1)
+    await conn.execute("SET minions.spot_check_team_shares = 'search=1,elsewhere=0'")
+    leases = {r["team"]: r for r in await _claim(conn, a, 2)}
+    assert await conn.fetchval(COMPLETE, leases["search"]["lease_token"]) == "held"
+    assert await conn.fetchval(COMPLETE, leases["other"]["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", other) == "completed"
+    assert await conn.fetchval("SELECT minion_team_spot_check_share('other', 'search=1,elsewhere=0')") is None
+    await conn.close()

@@ -35,7 +35,11 @@ def spot_check_session(settings: Settings) -> dict[str, str]:
     """The session settings the claim and the votes read (sql/400's minion_trust_setting)."""
     return {"minions.spot_check_share": repr(float(settings.spot_check_share)),
             "minions.trust_agreements": str(int(settings.trust_agreements)),
-            "minions.quarantine_after": str(int(settings.quarantine_after))}
+            "minions.quarantine_after": str(int(settings.quarantine_after)),
+            # sql/401: 'team=share,...' without blanks ('' : none)
+            "minions.spot_check_team_shares": ",".join(
+                "=".join(part.strip() for part in item.split("=", 1))
+                for item in settings.spot_check_team_shares.split(",") if item.strip())}
 
 
 def _lines(data: bytes) -> list[dict[str, Any]]:

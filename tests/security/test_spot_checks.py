@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 
 from minions import jsoncodec
+from minions.config import ConfigError, Settings
 from minions.db.connect import connect
+from minions.services.api.spot_check import spot_check_session
 from minions.testing.factories import make_token
 from tests.support.api import ApiHarness, running_api
 
@@ -156,3 +158,13 @@ async def test_a_completed_task_holding_a_quarantined_executors_results_warns(da
         task = (await api.call("GET", "/api/v1/tasks/search/trust/before")).body
         assert [w["code"] for w in task["warnings"]] == ["quarantined_results"]
         assert executor_id in task["warnings"][0]["message"] and "caught lying" in task["warnings"][0]["message"]
+
+
+def test_the_api_sessions_carry_the_spot_check_settings() -> None:
+    settings = Settings(spot_check_share=0.25, trust_agreements=3, quarantine_after=4,
+                        spot_check_team_shares=" search = 1 , ads=0.5 ")
+    assert spot_check_session(settings) == {
+        "minions.spot_check_share": "0.25", "minions.trust_agreements": "3", "minions.quarantine_after": "4",
+        "minions.spot_check_team_shares": "search=1,ads=0.5"}
+    with pytest.raises(ConfigError, match="MINIONS_SPOT_CHECK_TEAM_SHARES"):
+        Settings(spot_check_team_shares="search=2").validate()
