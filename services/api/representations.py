@@ -53,16 +53,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
 
 def task_warnings(row: Any) -> list[dict[str, str]]:
     """What stands in the task's way that it cannot fix itself. `servable` is false when no online
-    executor serves the task's kind and model (for its team); NULL for a finished task. Then what its
-    results cannot be trusted for: results of executors quarantined after it ended (sql/400)."""
-    suspect = [{"code": "quarantined_results",
-                "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
-                           f"since ({w['reason']}): they may be wrong"}
-               for w in row.get("quarantined_results") or ()]
-    return _waiting(row) + suspect
-
-
-def _waiting(row: Any) -> list[dict[str, str]]:
+    executor serves the task's kind and model (for its team); NULL for a finished task."""
     if row.get("servable") is False:
         model = "" if row["kind"] == "sleep" else f" with model {row['model']}"
         return [{"code": "unservable",
