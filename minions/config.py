@@ -114,7 +114,7 @@ class Settings:
     max_claim: int = _setting(32, "MINIONS_MAX_CLAIM", "most subtasks one claim may ask for (max)", {API})
     inline_input_bytes: int = _setting(64 * 1024, "MINIONS_INLINE_INPUT_BYTES",
                                        "inputs up to this ride inline in a claim's answer (0: never)", {API})
-    # Issue 25 item 3: a lease's input URL works for the lease timeout plus this, renewed by each heartbeat
+    # A lease's input URL works for the lease timeout plus this, renewed by each heartbeat
     # that finds the lease live (the local store also refuses it once the lease ends; S3 cannot).
     input_url_margin_s: float = _setting(60.0, "MINIONS_INPUT_URL_MARGIN_S",
                                          "an input URL outlives its lease's expiry by this (clock skew, a GET "

@@ -1,4 +1,5 @@
-"""Compaction of a completed task's results into a few large parts (issue 14, item 6).
+"""Compaction of a completed task's results into a few large parts, so reading them back is a few
+large reads instead of one per subtask.
 
 Results are committed one object per subtask (the verified copies of 070), or, when small, in the
 subtask's row (sql/230). Reading them back is a round trip per object, an hour for a 200,000-subtask

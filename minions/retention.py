@@ -1,4 +1,4 @@
-"""The retention job (issue 14 item 4): deletes finished tasks older than MINIONS_RETENTION_DAYS with
+"""The retention job: deletes finished tasks older than MINIONS_RETENTION_DAYS with
 their subtasks and attempt history, so `subtasks` and `subtask_attempts` stop growing without bound.
 
 The database decides and deletes (minion_retention_step, sql/200_retention.sql), one batch of

@@ -1,4 +1,5 @@
-"""Garbage collection of the object store (issue 8, item 5): `minions gc` and the watchdog's sweep.
+"""Garbage collection of the object store, so space held by nothing comes back: `minions gc` and the
+watchdog's sweep.
 
 Garbage, once older than the grace period:
 - inputs no task reads: their ownership records first (the SQL function deletes them under a row

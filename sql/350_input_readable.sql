@@ -1,4 +1,4 @@
--- Issue 25, item 3: a lease's input URL reads only its range, and only while its lease is live.
+-- A lease's input URL reads only its range, and only while its lease is live.
 --
 -- The local store's input URL is signed for one lease token and one byte range of the input object
 -- (minions/store/signing.py, Scope); the API serves a GET of it only while this says the lease is

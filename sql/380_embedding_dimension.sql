@@ -1,4 +1,4 @@
--- Results checked by shape at complete (issue 26, item 1): an embedding task's vectors all have one
+-- Results checked by shape at complete: an embedding task's vectors all have one
 -- length, fixed by the first result committed in the task.
 --
 -- The API checks each output line's shape (services/api/output_check.py): within one output every

@@ -7,7 +7,7 @@
 --    lease pinned the task to 'unknown:<id>', so the whole task ran on that one machine, and once
 --    the agent restarted and reported the model's real fingerprint (or vanished) nobody matched the
 --    pin again: the task waited forever. Its attempts read as 'unknown:<id>' in the history, so
---    they are shown as such (and are what issue 26's replicated checks take first).
+--    they are shown as such (and are the first a replicated check should take).
 -- 2. A pin its first lease set is given back while the task has nothing from it: no subtask done,
 --    none leased (minion_unpin_idle_tasks, run by the watchdog's sweep). A machine that pinned a task
 --    and then vanished, or a hostile executor that claimed one subtask of every new task and went

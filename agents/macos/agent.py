@@ -4,7 +4,7 @@ register → (wait for the owner policy → long-poll claim → download range �
 forever, with heartbeats on their own task. Work is handed back (release) when the owner needs the
 machine or the agent stops, and dropped without a word when a heartbeat says its lease is gone.
 
-Pipelined (issue 11): each lease runs as its own job (input download, then the runner, one job at a
+Pipelined: each lease runs as its own job (input download, then the runner, one job at a
 time, then output upload and complete), so the next subtasks are claimed, and their inputs fetched,
 while one computes, and its upload and complete go on in the background while the next computes.
 The leases held at once are bounded (`max_leases`; by default as deep as the subtasks' measured

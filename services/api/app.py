@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 from aiohttp import web
 
-import minions.services.api.openai.wiring as openai_wiring  # OpenAI's API under /v1 (issue 13)
+import minions.services.api.openai.wiring as openai_wiring  # OpenAI's API under /v1
 from minions import cluster_settings
 from minions.backoff import Backoff
 from minions.config import Settings, check_lease_timeout

@@ -1,5 +1,6 @@
 """Input objects: which team owns an upload, how large one may be, how many input bytes a team may
-store, and which objects a task may name as its input (issue 8, items 2 and 5).
+store, and which objects a task may name as its input (so one team can neither read another's
+inputs nor fill the store).
 
 The rules themselves are SQL (sql/080_input_scope_and_gc.sql): ownership is a row per object,
 written when the API stores it, so the check on `input.uri` asks the database, not a URI pattern."""

@@ -1,4 +1,4 @@
-"""Slow clients cannot pin the API's sockets (issue 8, item 9).
+"""Slow clients cannot pin the API's sockets.
 
 aiohttp waits for request headers and bodies as long as a client cares to dribble them. Three
 limits, each a setting (docs/API.md):

@@ -1,4 +1,4 @@
-"""Committed results are verified and immutable (issue 8, items 3 and 4).
+"""Committed results are verified and immutable.
 
 At complete, `copy_verified` reads the attempt's output once, checks it against the subtask's input
 and its kind's shape (output_check.OutputCheck) and writes the very bytes it checked (with secrets in records' `error`

@@ -135,7 +135,7 @@ SELECT minion_deregister($1);
 -- name: list_executors
 -- $1 team filter (NULL: all), $2 the viewer's team scope
 -- (NULL: sees all). A scoped viewer sees of an executor outside its team (a shared one) neither its
--- hardware nor other teams' preferences and work: its own team's only (issue 8, item 8).
+-- hardware nor other teams' preferences and work: its own team's only.
 SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
        CASE WHEN $2::text IS NULL OR e.team = $2 THEN e.hardware ELSE '{}'::jsonb END AS hardware,
        ($2::text IS NOT NULL AND e.team IS DISTINCT FROM $2) AS details_hidden,

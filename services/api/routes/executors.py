@@ -288,7 +288,7 @@ async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol
             team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
             attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
             # A kept input (sql/240) has no object to GET: its range always rides inline. An object's
-            # URL reads this lease's range alone (issue 25 item 3).
+            # URL reads this lease's range alone, while the lease lives.
             input=protocol.InputRef(url=None if row["input_uri"] is None else
                                     await store.presign_input(row["input_uri"], start, end, row["lease_token"],
                                                               _input_url_s(request)),

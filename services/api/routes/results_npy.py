@@ -1,6 +1,6 @@
 """`GET …/results?format=npy`: an embedding task's vectors as one NumPy .npy array (float32,
 little-endian, shape (records, dims)), in input order, streamed in constant memory for pipelines
-that want arrays (issue 13, item 4). A record with no vector (failed, cancelled) is a row of NaN.
+that want arrays. A record with no vector (failed, cancelled) is a row of NaN.
 
 Complete holds every result to its shape (minions/result_shapes.py) and the task to one vector
 length, which its row records. A result committed before that may break it: one in the first block

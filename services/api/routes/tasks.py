@@ -161,7 +161,7 @@ async def _store_input(request: web.Request, principal: Principal, task: TaskReq
         uri, _ = await store.put_stream(key, _spooled_chunks(task.records))
         return uri
     assert task.input_uri is not None
-    # Scoped to the submitter's team (issue 8): before anything is read or created.
+    # Scoped to the submitter's team: before anything is read or created.
     await inputs.check_input_use(pool, principal, task.team, task.input_uri)
     if not store.readable(task.input_uri):
         raise invalid({"input.uri": f"not readable by this server's store ({store.root_uri}); "
