@@ -19,8 +19,9 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
     that needs no more is never read, let alone decoded, past it). A body over json_bounds.SCAN_ABOVE
     is scanned before it is decoded: past MAX_VALUES values it is refused (422 too_many_values), so
     no body of any route decodes into more than about 10 MB of objects, whatever its size."""
+    raw: bytes | bytearray
     if limit is not None:
-        raw = bytes(await read_within(request, limit))
+        raw = await read_within(request, limit)
     else:
         try:
             raw = await request.read()
@@ -32,8 +33,43 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
         if optional:
             return {}
         raise bad_request("request body is empty; a JSON object is required")
-    # Large bodies (an inline output) are scanned and parsed in a thread: the event loop serves claims meanwhile.
-    value = await asyncio.to_thread(_decode, raw) if len(raw) > 1 << 20 else _decode(raw)
+    return await decode_object(raw, _too_much)
+
+
+def _too_much(exc: json_bounds.TooMuchJson) -> ApiError:
+    if exc.code == "too_deep":
+        return bad_request(exc.message, "too_deep")
+    return ApiError(422, exc.code, exc.message)
+
+
+async def decode_object(raw: bytes | bytearray, refused: Callable[[json_bounds.TooMuchJson], ApiError], *,
+                        inputs_at: str | None = None, max_inputs: int = 0) -> dict[str, Any]:
+    """`raw` as a JSON object, decoded only once it is within json_bounds (scanned when over
+    SCAN_ABOVE; `inputs_at`, `max_inputs`: as json_bounds.scan); a bound passed is `refused(exc)`,
+    text that is not a JSON object, or a small one nested too deep, 400. Large bodies (an inline
+    output) are scanned and decoded in a thread: the event loop serves claims meanwhile."""
+    try:
+        if len(raw) > THREAD_ABOVE:
+            return await asyncio.to_thread(_decode, raw, inputs_at, max_inputs)
+        return _decode(raw, inputs_at, max_inputs)
+    except json_bounds.TooMuchJson as exc:
+        raise refused(exc) from None
+
+
+MAX_JSON_DEPTH = json_bounds.MAX_DEPTH
+THREAD_ABOVE = 1 << 20  # bodies larger than this are scanned and decoded in a worker thread
+# The cap of a body that lists lease tokens (a heartbeat, a batched release): protocol.MAX_TOKENS of
+# them is about 40 KB.
+TOKEN_LIST_BYTES = 256 * 1024
+
+
+def _decode(raw: bytes | bytearray, inputs_at: str | None, max_inputs: int) -> dict[str, Any]:
+    if len(raw) > json_bounds.SCAN_ABOVE:
+        json_bounds.scan(raw, inputs_at=inputs_at, max_inputs=max_inputs)
+    try:
+        value = jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object")
     if len(raw) <= json_bounds.SCAN_ABOVE and nested_deeper_than(value, MAX_JSON_DEPTH):
@@ -41,27 +77,6 @@ async def json_object(request: web.Request, *, optional: bool = False, limit: in
         # limit on writing jsonb): refused here, for every JSON body at once.
         raise bad_request(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "too_deep")
     return value
-
-
-MAX_JSON_DEPTH = json_bounds.MAX_DEPTH
-# The cap of a body that lists lease tokens (a heartbeat, a batched release): protocol.MAX_TOKENS of
-# them is about 40 KB.
-TOKEN_LIST_BYTES = 256 * 1024
-
-
-def _decode(raw: bytes) -> Any:
-    """`raw` decoded once it is within json_bounds (400 too_deep, 422 too_many_values)."""
-    if len(raw) > json_bounds.SCAN_ABOVE:
-        try:
-            json_bounds.scan(raw)
-        except json_bounds.TooMuchJson as exc:
-            if exc.code == "too_deep":
-                raise bad_request(exc.message, "too_deep") from None
-            raise ApiError(422, exc.code, exc.message) from None
-    try:
-        return jsoncodec.loads(raw)
-    except jsoncodec.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
 
 
 async def read_within(request: web.Request, limit: int, too_large: Callable[[int], ApiError] | None = None

@@ -16,10 +16,9 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than, read_within
+from minions.services.api.bodies import MAX_JSON_DEPTH, THREAD_ABOVE, nested_deeper_than, read_within
 from minions.services.api.errors import ApiError, bad_request
 
-THREAD_ABOVE = 1 << 20  # bodies larger than this are decoded in a thread (the loop keeps serving)
 MAX_FIELD_BYTES = 1 << 20  # any field but input.records, encoded
 _OUTLINE = msgspec.json.Decoder(dict[str, msgspec.Raw])
 

@@ -11,20 +11,17 @@ a few MB at most), and its inputs are counted once decoded.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from minions import jsoncodec
 from minions.services.api import json_bounds
-from minions.services.api.bodies import MAX_JSON_DEPTH, nested_deeper_than, read_within
+from minions.services.api.bodies import decode_object, read_within
 from minions.services.api.errors import ApiError, bad_request, invalid
 from minions.services.api.openai.translate import LineError
 
 MAX_INPUTS = 2048  # per embeddings request, as OpenAI's
 MAX_VALUES = json_bounds.MAX_VALUES
-THREAD_ABOVE = 1 << 20  # bodies larger than this are scanned and decoded in a thread
 SCAN_ABOVE = json_bounds.SCAN_ABOVE  # bodies and lines larger than this are scanned before they are decoded
 SETTING = "MINIONS_OPENAI_MAX_REQUEST_BYTES"
 
@@ -41,28 +38,14 @@ async def read_request(request: web.Request, limit: int, endpoint: str) -> dict[
     raw = await read_within(request, limit, too_large)
     if not raw.strip():
         raise bad_request("request body is empty; a JSON object is required")
-    if len(raw) > THREAD_ABOVE:
-        return await asyncio.to_thread(_decode, raw, endpoint)
-    return _decode(raw, endpoint)
+    counted = "input" if endpoint == "/v1/embeddings" else None
+    return await decode_object(raw, _refused, inputs_at=counted, max_inputs=MAX_INPUTS)
 
 
-def _decode(raw: bytearray, endpoint: str) -> dict[str, Any]:
-    try:
-        if len(raw) > SCAN_ABOVE:
-            scan(raw, endpoint)
-    except LineError as exc:
-        if exc.code == "too_deep":
-            raise bad_request(exc.message, "too_deep") from None
-        raise invalid({(exc.param or "body").removeprefix("body."): exc.message}) from None
-    try:
-        value = jsoncodec.loads(raw)
-    except jsoncodec.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", "malformed_json") from None
-    if not isinstance(value, dict):
-        raise bad_request("request body must be a JSON object")
-    if len(raw) <= SCAN_ABOVE and nested_deeper_than(value, MAX_JSON_DEPTH):
-        raise bad_request(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", "too_deep")
-    return value
+def _refused(exc: json_bounds.TooMuchJson) -> ApiError:
+    if exc.code == "too_deep":
+        return bad_request(exc.message, "too_deep")
+    return invalid({exc.param.removeprefix("body."): exc.message})
 
 
 def scan(raw: bytes | bytearray, endpoint: str, inputs_at: str = "input", within: str | None = None) -> None:

@@ -23,13 +23,13 @@ from minions.redaction import redact_failure
 from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import query_int
+from minions.services.api.bodies import THREAD_ABOVE, query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.inline_records import SpooledRecords
 from minions.services.api.inline_split import SplitRanges, cut_small
 from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
-from minions.services.api.submission_body import THREAD_ABOVE, read_submission
+from minions.services.api.submission_body import read_submission
 from minions.services.api.validation import TaskRequest, validate_task
 from minions.services.api.verified_output import (
     VERIFY_IN_MEMORY,
