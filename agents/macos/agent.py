@@ -195,7 +195,8 @@ class Agent:
     async def fingerprints(self) -> list[dict[str, Any]]:
         """Per model it serves, what it loaded (or will load: the same files): the server gives a task
         only to executors of one fingerprint. A model no runner finds here (downloaded at its first
-        subtask) is left out, and counts as this executor's own until it registers again."""
+        subtask) is left out: until it registers again, this executor takes only tasks of that model
+        that no fingerprint pinned yet, and pins none."""
         found: dict[str, dict[str, Any]] = {}
         for runner in self._runners.values():
             if isinstance(runner, ReportsFingerprints):
@@ -517,7 +518,7 @@ class Agent:
             await asyncio.sleep(self.registration.heartbeat_interval_s)
             tokens = self.held_leases()
             try:
-                states, input_urls = await self._client.heartbeat_renewing(self.registration.executor_id, tokens)
+                states, input_urls = await self._client.heartbeat(self.registration.executor_id, tokens)
             except Conflict as exc:
                 states, input_urls = dict.fromkeys(tokens, "lost"), {}
                 log.warning("heartbeat_refused", error=str(exc))

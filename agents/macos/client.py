@@ -132,11 +132,7 @@ class ExecutorClient:
             return []
         return parse_claims(body) if isinstance(body, dict) and "leases" in body else [parse_claim(body)]
 
-    async def heartbeat(self, executor_id: str, tokens: list[str]) -> dict[str, str]:
-        """The state of each held lease: ok, lost or cancelled."""
-        return (await self.heartbeat_renewing(executor_id, tokens))[0]
-
-    async def heartbeat_renewing(self, executor_id: str, tokens: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    async def heartbeat(self, executor_id: str, tokens: list[str]) -> tuple[dict[str, str], dict[str, str]]:
         """The state of each held lease (ok, lost or cancelled; one the answer leaves out is lost), and
         the fresh input URLs the server sent for leases it renewed (`input_urls`; none from a server
         before them, or for a lease whose input rode inline)."""

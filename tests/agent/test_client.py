@@ -148,7 +148,8 @@ async def test_claim_heartbeat_release_deregister() -> None:
             200,
             "search/ranker/emb#7.1",
         )
-        assert await client.heartbeat("e-1", ["L1", "L2"]) == {"L1": "cancelled", "L2": "lost"}
+        states, _ = await client.heartbeat("e-1", ["L1", "L2"])
+        assert states == {"L1": "cancelled", "L2": "lost"}
         await client.release("L1")
         await client.deregister("e-1")
     assert seen == [
