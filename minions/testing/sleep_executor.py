@@ -45,13 +45,18 @@ class SleepExecutor:
             if not self.executor_id:
                 await self.register(session)
             while not stop.is_set():
-                async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/claim",
-                                        params={"wait": str(wait_s)}, headers=self._headers()) as resp:
-                    if resp.status == 204:
-                        continue
-                    assert resp.status == 200, await resp.text()
-                    lease = await resp.json()
-                await self.work(session, lease)
+                if (lease := await self.claim(session, wait_s)) is not None:
+                    await self.work(session, lease)
+
+    async def claim(self, session: aiohttp.ClientSession, wait_s: float = 2) -> dict[str, Any] | None:
+        """One lease (the claim's answer), or None when none came within `wait_s` (204)."""
+        async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/claim",
+                                params={"wait": str(wait_s)}, headers=self._headers()) as resp:
+            if resp.status == 204:
+                return None
+            assert resp.status == 200, await resp.text()
+            lease: dict[str, Any] = await resp.json()
+            return lease
 
     async def work(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
         token, sub = lease["lease"]["token"], lease["subtask"]

@@ -29,18 +29,9 @@ def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def _claim(session: aiohttp.ClientSession, services: Services, executor: SleepExecutor,
-                 token: str) -> dict[str, Any]:
-    lease: dict[str, Any] = {}
-
-    async def claimed() -> bool:
-        async with session.post(f"{services.api_url}/api/v1/executors/{executor.executor_id}/claim",
-                                params={"wait": "1"}, headers=_auth(token)) as resp:
-            if resp.status == 200:
-                lease.update(await resp.json())
-        return bool(lease)
-
-    await eventually(claimed, "a lease")
+async def _claim(session: aiohttp.ClientSession, executor: SleepExecutor) -> dict[str, Any]:
+    lease = await executor.claim(session, wait_s=30)  # answers as soon as a subtask is pending
+    assert lease is not None, "no lease in 30 s"
     return lease
 
 
@@ -55,7 +46,7 @@ async def test_no_lease_token_admin_token_or_signature_is_shown_or_logged(servic
                 "team": "search", "project": "ranker", "name": "leaky", "kind": "sleep", "subtask_size": 1,
                 "input": {"records": [{"id": "a", "ms": 0}, {"id": "b", "ms": 0}, {"id": "c", "ms": 0}]}})) as resp:
             assert resp.status == 201, await resp.text()
-        first, second, third = [await _claim(session, services, executor, executor_token) for _ in range(3)]
+        first, second, third = [await _claim(session, executor) for _ in range(3)]
         tokens = [lease["lease"]["token"] for lease in (first, second, third)]
         urls = [lease["subtask"]["output"]["url"] for lease in (first, second, third)]
         signatures = [parse_qs(urlsplit(url).query)["sig"][0] for url in urls]

@@ -96,16 +96,8 @@ async def test_secrets_in_a_failure_text_are_neither_logged_nor_shown(services: 
         await executor.register(session)
         await _submit(session, services, admin, {"team": "search", "project": "ranker", "name": "leak",
                                                  "kind": "sleep", "input": {"records": [{"id": "a", "ms": 0}]}})
-        lease: dict[str, Any] = {}
-
-        async def claimed() -> bool:
-            async with session.post(f"{services.api_url}/api/v1/executors/{executor.executor_id}/claim",
-                                    params={"wait": "1"}, headers=_auth(executor_token)) as resp:
-                if resp.status == 200:
-                    lease.update(await resp.json())
-            return bool(lease)
-
-        await eventually(claimed, "a lease")
+        lease = await executor.claim(session, wait_s=30)  # answers as soon as the subtask is pending
+        assert lease is not None, "no lease in 30 s"
         token = lease["lease"]["token"]
         output_url = lease["subtask"]["output"]["url"]
         signature = parse_qs(urlsplit(output_url).query)["sig"][0]
