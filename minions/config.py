@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from minions.names import NAME
+
 
 class ConfigError(ValueError):
     """A setting has a value that cannot work; the message names the variable."""
@@ -62,6 +64,26 @@ class Settings:
     public_url: str = _setting("", "MINIONS_PUBLIC_URL", "API URL as executors reach it (signed store URLs)", {API})
     straggler_factor: float = _setting(4.0, "MINIONS_STRAGGLER_FACTOR",
                                        "back up a lease running this many times the median (0: never)", {API, UP})
+    # sql/400_spot_checks.sql: set on the API's database sessions, read by the claim.
+    spot_check_share: float = _setting(0.02, "MINIONS_SPOT_CHECK_SHARE",
+                                       "share of a trusted executor's subtasks run again by another executor "
+                                       "before they commit (0 to 1)", {API, UP})
+    spot_check_team_shares: str = _setting("", "MINIONS_SPOT_CHECK_TEAM_SHARES",
+                                           "teams with a share of their own: team=share,team=share "
+                                           "(sql/400)", {API, UP})
+    spot_check_min_cosine: float = _setting(0.999, "MINIONS_SPOT_CHECK_MIN_COSINE",
+                                            "two embeddings of a record agree at this cosine or more", {API, UP})
+    spot_check_min_similarity: float = _setting(0.9, "MINIONS_SPOT_CHECK_MIN_SIMILARITY",
+                                                "two greedy completions of a record agree at this text similarity "
+                                                "or more (0 to 1; 1: identical text)", {API, UP})
+    spot_check_wait_s: float = _setting(600.0, "MINIONS_SPOT_CHECK_WAIT_S",
+                                        "a held result no replica has judged within this many seconds commits "
+                                        "unchecked (a dispute runs again)", {WATCHDOG, UP})
+    trust_agreements: int = _setting(5, "MINIONS_TRUST_AGREEMENTS",
+                                     "checks a new executor (or one whose model changed) must pass before only "
+                                     "the random share of its results is checked (0: trust at once)", {API, UP})
+    quarantine_after: int = _setting(2, "MINIONS_QUARANTINE_AFTER",
+                                     "lost quorums after which an executor is quarantined", {API, UP})
     sweep_interval_s: float = _setting(10.0, "MINIONS_SWEEP_INTERVAL_S", "watchdog/splitter safety-net sweep period",
                                        {SPLITTER, WATCHDOG, UP})
     listen_probe_s: float = _setting(30.0, "MINIONS_LISTEN_PROBE_S", "liveness probe period of each LISTEN connection",
@@ -142,6 +164,19 @@ class Settings:
                 problems.append(f"{_env(name)} must be > 0")
         if self.straggler_factor < 0:
             problems.append("MINIONS_STRAGGLER_FACTOR must be >= 0 (0 turns backups off)")
+        if not 0 <= self.spot_check_share <= 1:
+            problems.append("MINIONS_SPOT_CHECK_SHARE must be from 0 to 1")
+        problems.extend(team_share_problems(self.spot_check_team_shares))
+        if not -1 <= self.spot_check_min_cosine <= 1:
+            problems.append("MINIONS_SPOT_CHECK_MIN_COSINE must be from -1 to 1")
+        if not 0 <= self.spot_check_min_similarity <= 1:
+            problems.append("MINIONS_SPOT_CHECK_MIN_SIMILARITY must be from 0 to 1")
+        if self.spot_check_wait_s <= 0:
+            problems.append("MINIONS_SPOT_CHECK_WAIT_S must be > 0")
+        if self.trust_agreements < 0:
+            problems.append("MINIONS_TRUST_AGREEMENTS must be >= 0")
+        if self.quarantine_after < 1:
+            problems.append("MINIONS_QUARANTINE_AFTER must be >= 1")
         for name in ("max_input_bytes", "max_output_bytes", "result_part_bytes", "openai_max_request_bytes"):
             if getattr(self, name) <= 0:
                 problems.append(f"{_env(name)} must be > 0")
@@ -194,6 +229,21 @@ class Settings:
 def names_for(*processes: str) -> tuple[str, ...]:
     """The settings the given processes read (their flags; what `minions up` hands them)."""
     return tuple(f.name for f in dataclasses.fields(Settings) if f.metadata["used_by"] & set(processes))
+
+
+def team_share_problems(value: str) -> list[str]:
+    """What is wrong with a MINIONS_SPOT_CHECK_TEAM_SHARES value ('team=share,...'; empty: none)."""
+    problems = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        team, _, share = item.partition("=")
+        try:
+            ok = bool(NAME.match(team.strip())) and 0 <= float(share) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            problems.append(f"MINIONS_SPOT_CHECK_TEAM_SHARES: {item!r} is not team=share (a team name, a share "
+                            "from 0 to 1)")
+    return problems
 
 
 def check_lease_timeout(lease_timeout_s: float, heartbeat_interval_s: float) -> None:

@@ -16,7 +16,8 @@ TASK_STATUSES: Final = ("submitted", "splitting", "queued", "running", "complete
 FINISHED_TASK_STATUSES: Final = ("completed", "failed", "cancelled")
 # A task in one of these has no subtasks yet: the splitter (or a small submission) has not split it.
 UNSPLIT_TASK_STATUSES: Final = ("submitted", "splitting")
-SUBTASK_STATES: Final = ("pending", "leased", "done", "failed", "cancelled")
+# checking: completed once, its result held until a spot check's replica agrees (sql/400).
+SUBTASK_STATES: Final = ("pending", "leased", "checking", "done", "failed", "cancelled")
 # Records per subtask when a submission gives none: a completion record costs far more than an
 # embedding one, so it is cut smaller to keep a lease short.
 DEFAULT_SUBTASK_SIZE: Final = {"embedding": 500, "completion": 50, "sleep": 100}

@@ -73,6 +73,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--team", help="only executors scoped to this team (default: all you can see)")
     p.set_defaults(handler=client_command(executors))
 
+    p = sub.add_parser("executor", help="one executor: executor release ID lifts its quarantine (admin)")
+    actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("release", help="lift an executor's quarantine (admin); its results are checked "
+                                           "again until it earns trust")
+    connection.add_arguments(q)
+    q.add_argument("executor_id", help="the executor's id (minions executors --json)")
+    q.set_defaults(handler=client_command(executor_release))
+
 
 def _task_path(value: str) -> tuple[str, str, str]:
     parts = value.split("/")
@@ -319,11 +327,28 @@ async def executors(args: argparse.Namespace) -> int:
     if not rows:
         print("no executors registered")
         return 0
-    print_table(["NAME", "STATUS", "DEVICE", "KINDS", "MODELS", "CURRENT", "LAST HEARTBEAT"], [
+    print_table(["NAME", "STATUS", "DEVICE", "KINDS", "MODELS", "TRUST", "CURRENT", "LAST HEARTBEAT"], [
         [e["name"], e["status"], str(e["hardware"].get("device", "?")), ",".join(e["kinds"]),
-         ",".join(e.get("models") or ()) or "-",
+         ",".join(e.get("models") or ()) or "-", _trust(e.get("trust")),
          ", ".join(f"{c['team']}/{c['project']}/{c['task_name']}#{c['subtask_id']}" for c in e["current"]) or "-",
          (e["last_heartbeat_at"] or "")[:19]]
         for e in rows
     ])
+    return 0
+
+
+def _trust(trust: dict[str, Any] | None) -> str:
+    """An executor's trust (sql/400) in a few words: agreements and disagreements, or its quarantine."""
+    if not trust:
+        return "-"
+    counts = f"{trust['agreements']} agreed, {trust['disagreements']} outvoted"
+    if trust["quarantined_at"]:
+        return f"QUARANTINED ({counts}): {trust['quarantine_reason']}"
+    return f"{'trusted' if trust['trusted'] else 'checked'} ({counts})"
+
+
+async def executor_release(args: argparse.Namespace) -> int:
+    async with connection.client_from_args(args) as client:
+        result = await client.release_executor(args.executor_id)
+    print(jsoncodec.dumps_str(result) if args.json else f"executor {args.executor_id}: quarantine lifted")
     return 0

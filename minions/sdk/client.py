@@ -268,6 +268,11 @@ class MinionsClient:
         executors: list[dict[str, Any]] = result["executors"]
         return executors
 
+    async def release_executor(self, executor_id: str) -> dict[str, Any]:
+        """Lift an executor's quarantine (admin): it claims again, its results checked until it earns trust."""
+        result: dict[str, Any] = await self._request("POST", f"/api/v1/executors/{executor_id}/release")
+        return result
+
     async def health(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("GET", "/api/v1/health")
         return result

@@ -85,12 +85,12 @@ async def audit(cluster: Any, name: str, records: list[dict[str, Any]], *,
         assert report.states["failed"] > 0 and "cancelled" not in report.states, report.states
         assert row["error"], f"{name} failed without an error"
     counts = task["subtasks"]
-    assert counts["pending"] == 0 and counts["leased"] == 0, counts
+    assert counts["pending"] == 0 and counts["leased"] == 0 and counts.get("checking", 0) == 0, counts
     assert counts["total"] == len(subtasks) == sum(counts[k] for k in ("done", "failed", "cancelled")), counts
     assert task["records"]["total"] == len(records), task["records"]
 
     # 3. Nothing left in flight.
-    stuck = [s["subtask_id"] for s in subtasks if s["state"] in ("pending", "leased")]
+    stuck = [s["subtask_id"] for s in subtasks if s["state"] in ("pending", "leased", "checking")]
     assert not stuck, f"{name}: subtasks left pending or leased: {stuck}"
     assert referees == 0, f"{name}: {referees} referee rows outlive the task"
     assert backups == 0, f"{name}: {backups} backup leases outlive the task"

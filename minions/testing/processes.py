@@ -102,6 +102,10 @@ class Services:
             "MINIONS_LONG_POLL_S": str(self.long_poll_s),
             "MINIONS_SWEEP_INTERVAL_S": "1",
             "MINIONS_STRAGGLER_FACTOR": str(self.straggler_factor),
+            # Off unless a test asks (tests/security/test_spot_checks.py): a random share of held results
+            # would make other tests' counts depend on chance.
+            "MINIONS_SPOT_CHECK_SHARE": "0",
+            "MINIONS_TRUST_AGREEMENTS": "0",
             # Off unless a test asks (tests/results): tests that tamper with or count per-subtask
             # objects must not race the watchdog compacting them into parts.
             "MINIONS_COMPACT_INTERVAL_S": "0",

@@ -39,6 +39,7 @@ from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
 from minions.services.api.slow_clients import ClientLimits, body_deadline
+from minions.services.api.spot_check import spot_check_session
 from minions.services.api.url_signing import signing_store
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
@@ -80,7 +81,8 @@ def create_app(settings: Settings) -> web.Application:
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
     # min_size=0: the API starts (and answers 503) even while the database is down.
-    pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20)
+    pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20,
+                             server_settings=spot_check_session(app[SETTINGS]))
     app[POOL] = pool
 
     async def output_writable(key: str) -> bool:

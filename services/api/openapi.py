@@ -322,7 +322,8 @@ def _response_schemas() -> dict[str, Schema]:
             "priority": {"type": "integer"},
             "subtask_size": {"type": "integer", "minimum": 1},
             "status": {"type": "string", "enum": list(TASK_STATUSES)},
-            "subtasks": _object({k: _count() for k in ("total", "pending", "leased", "done", "failed", "cancelled")}),
+            "subtasks": _object({k: _count()
+                                 for k in ("total", "pending", "leased", "checking", "done", "failed", "cancelled")}),
             "records": _object({"total": _count(), "done": _count()}),
             "input_uri": _nullable({"type": "string", "description": "The input object; null when the task's "
                                     "inline records are kept in the database (MINIONS_INPUT_IN_DATABASE_BYTES)."}),
@@ -404,6 +405,12 @@ def _response_schemas() -> dict[str, Schema]:
                 "precision": _nullable({"type": "string"}), "backend": _nullable({"type": "string"}),
             }), "description": "What it loads for each model, as it registered; empty for an agent that reports "
                                "none (each of its models then counts as its own, `unknown:<executor id>`)."},
+            "trust": _object({
+                "agreements": {"type": "integer", "minimum": 0}, "disagreements": {"type": "integer", "minimum": 0},
+                "trusted": {"type": "boolean"}, "quarantined_at": _timestamp(nullable=True),
+                "quarantine_reason": _nullable({"type": "string"}),
+            }, description="Its spot checks: results of others it agreed with, quorums it lost, "
+                           "whether only the random share of its results is checked, and its quarantine."),
             "registered_at": _timestamp(),
             "last_heartbeat_at": _timestamp(nullable=True),
         }),
@@ -638,7 +645,8 @@ def _paths() -> dict[str, Schema]:
                     _ok({"oneOf": [_ref("Lease"), _ref("LeaseBatch")]},
                         "A lease on a subtask (without `max`), or a batch of them (with it)."),
                     {"204": {"description": "Nothing to do within `wait` seconds."}},
-                    _AUTHED, **executor_errors,
+                    _AUTHED, **{**executor_errors, "e403": executor_errors["e403"] + " Or the executor is "
+                                "quarantined (`quarantined`, with the reason): its results lost spot checks."},
                     e409="The executor deregistered (`deregistered`).",
                     e422="`wait` is not a number from 0 to 86400, or `max` not a whole number from 1.",
                 ),
@@ -657,6 +665,19 @@ def _paths() -> dict[str, Schema]:
                                                                   "its input by URL (`input_urls`)."),
                                         _AUTHED, _BODY, **executor_errors,
                                         e422="`leases` is not a list of at most 1000 strings."),
+            },
+        },
+        "/api/v1/executors/{executor_id}/release": {
+            "parameters": _EXECUTOR_ID,
+            "post": {
+                "operationId": "releaseExecutor",
+                "tags": ["executors"],
+                "summary": "Lift an executor's quarantine (admin)",
+                "description": "It claims again, its results checked until it earns trust again.",
+                "responses": _responses(_ok(_object({"executor_id": {"type": "string", "format": "uuid"},
+                                                     "quarantined": {"type": "boolean"}}), "Released."),
+                                        _AUTHED, e403="Not an admin token (`wrong_role`).",
+                                        e409="Not quarantined, or no such executor (`not_quarantined`)."),
             },
         },
         "/api/v1/executors/{executor_id}/deregister": {

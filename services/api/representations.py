@@ -29,6 +29,8 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "total": row["subtasks_total"],
             "pending": row["subtasks_pending"],
             "leased": row["subtasks_leased"],
+            # completed once, held until a spot check agrees (sql/400)
+            "checking": row.get("subtasks_checking", 0),
             "done": row["subtasks_done"],
             "failed": row["subtasks_failed"],
             "cancelled": row["subtasks_cancelled"],
@@ -53,7 +55,16 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
 
 def task_warnings(row: Any) -> list[dict[str, str]]:
     """What stands in the task's way that it cannot fix itself. `servable` is false when no online
-    executor serves the task's kind and model (for its team); NULL for a finished task."""
+    executor serves the task's kind and model (for its team); NULL for a finished task. Then what its
+    results cannot be trusted for: results of executors quarantined after it ended (sql/400)."""
+    suspect = [{"code": "quarantined_results",
+                "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
+                           f"since ({w['reason']}): they may be wrong"}
+               for w in row.get("quarantined_results") or ()]
+    return _waiting(row) + suspect
+
+
+def _waiting(row: Any) -> list[dict[str, str]]:
     if row.get("servable") is False:
         model = "" if row["kind"] == "sleep" else f" with model {row['model']}"
         return [{"code": "unservable",

@@ -216,6 +216,10 @@ class Watchdog:
         self._count(reclaimed, "sweep")
         if unpinned := await conn.fetchval(Q.unpin_idle_tasks):
             log.info("model_pins_released", tasks=unpinned)
+        if stale := await conn.fetchval(Q.settle_stale_checks, self.settings.spot_check_wait_s):
+            log.warning("spot_checks_ended_unfinished", subtasks=stale, wait_s=self.settings.spot_check_wait_s)
+        if rerun := await conn.fetchval(Q.settle_quarantines):
+            log.warning("quarantines_settled", subtasks_rerun=rerun)
         rows = await conn.fetch(Q.lease_holders)
         self.deadlines.replace_all({r["executor_id"]: r["remaining_s"] for r in rows})
 

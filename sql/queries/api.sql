@@ -43,16 +43,26 @@ SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $
 
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.subtasks_checking,
        c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
-       CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
+       CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
+       -- sql/400: results it holds of executors quarantined after it ended
+       (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
+                                            'reason', w.reason) ORDER BY w.noted_at)
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.subtasks_checking,
        c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
-       CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
+       CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
+       -- sql/400: results it holds of executors quarantined after it ended
+       (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
+                                            'reason', w.reason) ORDER BY w.noted_at)
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
@@ -60,6 +70,7 @@ WHERE t.id = $1;
 -- name: list_tasks
 -- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.subtasks_checking,
        c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
@@ -119,6 +130,31 @@ SELECT t.token AS lease_token, i.input_uri, i.byte_start, i.byte_end
 -- $8: the length of its vectors (an embedding output), pinned for the task (sql/380)
 SELECT minion_complete($1, $2, $3, $4, $5, $6, $7, $8);
 
+-- name: check_candidates
+-- The results held for the check of the subtask whose replica token is $1 (sql/400), by round.
+SELECT c.round, c.result_key, c.result_sha256, c.result_bytes, c.result_data
+  FROM subtask_backups b
+  JOIN subtask_checks c ON c.task_id = b.task_id AND c.subtask_id = b.subtask_id
+ WHERE b.lease_token = $1
+ ORDER BY c.round;
+
+-- name: check_vote
+-- A replica's vote (sql/400): $1 its token, $2 records, $3 seconds, $4-$8 its verified copy (key,
+-- SHA-256, size, kept bytes, vector length), $9 the round of the held result it agrees with (NULL: none).
+SELECT minion_check_vote($1, $2, $3, $4, $5, $6, $7, $8, $9::smallint);
+
+-- name: settle_quarantines
+-- The rest of each quarantine a vote flagged (sql/400): leases released, results run again.
+SELECT minion_settle_quarantines();
+
+-- name: release_quarantine
+-- An admin lifts executor $1's quarantine (sql/400); NULL when it was not quarantined.
+SELECT minion_release_quarantine($1);
+
+-- name: quarantine_reason
+-- Why executor $1 is quarantined (NULL: it is not).
+SELECT quarantine_reason FROM executors WHERE id = $1;
+
 -- name: task_dimension
 -- The length every vector of task $1 has (sql/380), NULL before its first committed one.
 SELECT embedding_dimension FROM tasks WHERE id = $1;
@@ -154,7 +190,9 @@ SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
        -- What it loads for each model (sql/390); none: an agent that reports none.
        coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_object('model', f.model, 'fingerprint', f.fingerprint,
                                                               'precision', f.precision, 'backend', f.backend))
-                   FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints
+                   FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints,
+       -- Trust (sql/400): results agreed with and outvoted by other executors', and a quarantine.
+       e.agreements, e.disagreements, e.trusted, e.quarantined_at, e.quarantine_reason
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;

@@ -70,6 +70,7 @@ ORDER BY b.seq LIMIT 100;
 
 -- name: task_row
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
+       c.subtasks_checking,
        c.records_done AS records_done_live  -- 180: the row's counter plus the progress slots
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c

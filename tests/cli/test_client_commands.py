@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest_asyncio
 
 from minions import jsoncodec
@@ -177,3 +178,28 @@ async def test_wait_json_duration_and_a_closed_pipe(cli: Cli) -> None:
         assert "status=0" in piped.stdout and piped.stderr == "", piped.stderr
     finally:
         fleet.stop_all()
+
+
+async def test_executors_show_trust_and_an_admin_releases_a_quarantine(cli: Cli) -> None:
+    """Issue 26, item 4: `minions executors` shows each executor's trust, and `minions executor release`
+    lifts a quarantine (sql/400)."""
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{cli.services.api_url}/api/v1/executors/register", headers={"Authorization": f"Bearer {cli.executor}"},
+            json={"name": "suspect", "hardware": {"device": "cpu"}, "kinds": ["sleep"], "models": [],
+                  "preferences": []}) as resp:
+        assert resp.status == 201
+        executor_id = (await resp.json())["executor_id"]
+    conn = await asyncpg.connect(cli.services.database_url)
+    try:
+        await conn.execute("SELECT minion_quarantine_executor($1::uuid, 'outvoted in a drill')", executor_id)
+    finally:
+        await conn.close()
+    listed = await cli.run("executors")
+    assert "TRUST" in listed.stdout and "QUARANTINED" in listed.stdout and "outvoted in a drill" in listed.stdout, \
+        listed.stdout
+    released = await cli.run("executor", "release", executor_id)
+    assert released.returncode == 0 and "quarantine lifted" in released.stdout, released.stderr
+    again = await cli.run("executor", "release", executor_id)
+    assert again.returncode != 0 and "not quarantined" in again.stderr, (again.stdout, again.stderr)
+    listed = await cli.run("executors")
+    assert "QUARANTINED" not in listed.stdout and "checked (0 agreed, 0 outvoted)" in listed.stdout, listed.stdout

@@ -18,7 +18,7 @@ from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object, path_uuid, query_float, query_int
-from minions.services.api.errors import ApiError, forbidden, invalid, not_found
+from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.input_cache import InputCache
 from minions.services.api.messages import decode_body
 from minions.services.api.nul import NUL_RULE, nul_path, without_nul
@@ -231,6 +231,10 @@ async def claim(request: web.Request) -> web.Response:
             verdict = rows[0]["verdict"]
             if verdict == "leased":
                 return await _answer(request, rows, batched=batched)
+            if verdict == "quarantined":  # sql/400: its results lost quorums
+                reason = await pool.fetchval(Q.quarantine_reason, executor_id)
+                raise forbidden(f"this executor is quarantined: {reason}; an admin may release it "
+                                "(minions executor release)", "quarantined")
             _refuse(verdict, executor_id)
             waiter.capabilities = frozenset(rows[0]["capabilities"])
             remaining = deadline - loop.time()
@@ -420,8 +424,24 @@ async def list_executors(request: web.Request) -> web.Response:
             "models": r["models"],
             "preferences": r["preferences"], "current": r["current"],
             "fingerprints": sorted(r["fingerprints"], key=lambda f: f["model"]),
+            "trust": {"agreements": r["agreements"], "disagreements": r["disagreements"], "trusted": r["trusted"],
+                      "quarantined_at": r["quarantined_at"].isoformat() if r["quarantined_at"] else None,
+                      "quarantine_reason": r["quarantine_reason"]},
             "registered_at": r["registered_at"].isoformat(),
             "last_heartbeat_at": r["last_heartbeat_at"].isoformat() if r["last_heartbeat_at"] else None,
         }
         for r in rows
     ]})
+
+
+@routes.post("/api/v1/executors/{executor_id}/release")
+async def release_quarantine(request: web.Request) -> web.Response:
+    """An admin lifts a quarantine (sql/400): the executor claims again, its results checked until it
+    earns trust again."""
+    require(request, "admin")
+    executor_id = path_uuid(request, "executor_id", "executor")
+    released = await request.app[POOL].fetchval(Q.release_quarantine, executor_id)
+    if not released:
+        raise conflict("not_quarantined", f"executor {executor_id} is not quarantined (or does not exist)")
+    log.info("executor_quarantine_released", executor_id=str(executor_id))
+    return json_response({"executor_id": str(executor_id), "quarantined": False})

@@ -17,6 +17,7 @@ from minions import protocol
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.redaction import redact_failure
+from minions.services.api import spot_check
 from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object
@@ -89,8 +90,13 @@ async def _still_live(request: web.Request, lease: _Lease) -> bool:
     return not lease.cached or await request.app[POOL].fetchrow(Q.lease_info, lease.token) is not None
 
 
+# A complete that counts though it commits nothing yet, or commits another's result (sql/400): a result
+# held for its check, or a replica's vote. The executor is answered as for any complete.
+_CHECKED = ("held", "agreed", "disputed", "no_quorum")
+
+
 def _verdict(verdict: str) -> None:
-    if verdict in ("ok", "repeat"):
+    if verdict in ("ok", "repeat") or verdict in _CHECKED:
         return
     code, message = _REFUSED[verdict]
     if verdict == "records_mismatch":
@@ -149,7 +155,10 @@ async def _input_of(request: web.Request, lease: _Lease) -> bytes | None:
 
 async def _finish_complete(request: web.Request, done: _Completing, verdict: str) -> None:
     store = request.app[STORE]
-    if verdict != "ok" and done.verified is not None and done.verified.key is not None:
+    if verdict == "replica":  # a spot check's replica: compared with the held results, then its vote
+        verdict = await spot_check.vote(request.app[POOL], store, request.app[SETTINGS], done.lease.token,
+                                        done.lease.live["kind"], done.records, done.seconds, _copy(done))
+    if verdict not in ("ok", "held", "disputed") and done.verified is not None and done.verified.key is not None:
         # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
         # the same lease won, or its vectors' length is not the task's): nothing refers to it.
         await _discard(store, done.verified.key)
@@ -158,7 +167,7 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
     if verdict != "records_mismatch":
         request.app[LEASES].forget(done.lease.token)
     _verdict(verdict)
-    if verdict == "ok" and done.lease.live is not None and not done.inline:
+    if (verdict == "ok" or verdict in _CHECKED) and done.lease.live is not None and not done.inline:
         # The committed bytes live on under the result key; the attempt's object is no longer read.
         await _discard(store, done.lease.live["output_key"])
 

@@ -1,0 +1,375 @@
+"""Replicated spot checks and earned trust in SQL (sql/400): the state machine a checked subtask goes
+through (held, replica, quorum), what a lost replica does, and quarantine."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from minions.db.connect import connect
+from minions.testing.factories import make_executor, make_task, make_token, silence
+
+CLAIM = "SELECT * FROM minion_claim_batch($1, NULL, $2)"
+COMPLETE = "SELECT minion_complete($1, 1, 0.01, NULL, NULL, NULL, NULL)"
+VOTE = "SELECT minion_check_vote($1, 1, 0.01, NULL, NULL, NULL, NULL, NULL, $2::smallint)"
+STATE = "SELECT state FROM subtasks WHERE task_id = $1 AND subtask_id = $2"
+
+
+async def _cluster(database_url: str, *, share: float = 1.0, executors: int = 3,
+                   subtasks: int = 1) -> tuple[asyncpg.Connection, int, list[uuid.UUID]]:
+    conn = await connect(database_url)
+    await conn.execute(f"SET minions.spot_check_share = '{share}'")
+    await conn.execute("SET minions.trust_agreements = '0'")
+    await conn.execute("SET minions.quarantine_after = '2'")
+    task_id = await make_task(conn, subtasks=subtasks)
+    ids = []
+    for n in range(executors):
+        _, token_id = await make_token(conn, "executor")  # one owner each
+        ids.append(await make_executor(conn, token_id, name=f"ex{n}"))
+    return conn, task_id, ids
+
+
+async def _claim(conn: asyncpg.Connection, executor: uuid.UUID, n: int = 1) -> list[asyncpg.Record]:
+    rows = await conn.fetch(CLAIM, executor, n)
+    return [r for r in rows if r["verdict"] == "leased"]
+
+
+async def test_checked_result_is_held_until_a_replica_agrees(database_url: str) -> None:
+    conn, task_id, (a, b, _) = await _cluster(database_url)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    assert await conn.fetchval(STATE, task_id, 0) == "checking"
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "repeat"  # a retried complete
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) != "completed"
+    # The executor that produced it is never its replica.
+    assert await _claim(conn, a) == []
+    [replica] = await _claim(conn, b)
+    assert not replica["backup"] and replica["subtask_id"] == 0
+    beats = await conn.fetch("SELECT * FROM minion_heartbeat($1, $2)", b, [replica["lease_token"]])
+    assert beats[0]["state"] == "ok"
+    assert await conn.fetchval("SELECT count(*) FROM minion_lease_info($1)", replica["lease_token"]) == 1
+    assert await conn.fetchval(COMPLETE, replica["lease_token"]) == "replica"  # nothing changed yet
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
+    sub = await conn.fetchrow("SELECT state, lease_token FROM subtasks WHERE task_id = $1", task_id)
+    assert sub["state"] == "done" and sub["lease_token"] == lease["lease_token"]  # the first result commits
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    outcomes = await conn.fetch("SELECT executor_id, outcome FROM subtask_attempts WHERE task_id = $1", task_id)
+    assert sorted((o["executor_id"] == a, o["outcome"]) for o in outcomes) == [(False, "agreed"), (True, "done")]
+    trust = await conn.fetch("SELECT id, agreements FROM executors WHERE id = ANY ($1)", [a, b])
+    assert {t["agreements"] for t in trust} == {1}
+    assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
+    await conn.close()
+
+
+async def test_disagreement_goes_to_a_third_executor_and_the_majority_commits(database_url: str) -> None:
+    conn, task_id, (a, b, c) = await _cluster(database_url)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    [replica] = await _claim(conn, b)
+    assert await conn.fetchval(VOTE, replica["lease_token"], None) == "disputed"
+    assert await conn.fetchval(STATE, task_id, 0) == "checking"
+    assert await _claim(conn, a) == [] and await _claim(conn, b) == []  # both ran it
+    [third] = await _claim(conn, c)
+    assert await conn.fetchval(VOTE, third["lease_token"], 2) == "agreed"  # with b's
+    sub = await conn.fetchrow("SELECT state, lease_token FROM subtasks WHERE task_id = $1", task_id)
+    assert sub["state"] == "done" and sub["lease_token"] == replica["lease_token"]
+    outcome = dict(await conn.fetch("SELECT executor_id, outcome FROM subtask_attempts WHERE task_id = $1", task_id))
+    assert outcome == {a: "outvoted", b: "done", c: "agreed"}
+    assert await conn.fetchval("SELECT disagreements FROM executors WHERE id = $1", a) == 1
+    assert await conn.fetchval("SELECT quarantined_at FROM executors WHERE id = $1", a) is None
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.close()
+
+
+async def test_a_lost_replica_is_offered_again(database_url: str) -> None:
+    conn, task_id, (a, b, c) = await _cluster(database_url)
+    [lease] = await _claim(conn, a)
+    await conn.fetchval(COMPLETE, lease["lease_token"])
+    [replica] = await _claim(conn, b)
+    assert await _claim(conn, c) == []  # one replica at a time
+    await silence(conn, b, 300)
+    assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", b) == 1
+    assert await conn.fetchval(COMPLETE, replica["lease_token"]) == "lost"
+    assert await conn.fetchval(STATE, task_id, 0) == "checking"
+    [again] = await _claim(conn, c)
+    assert again["subtask_id"] == 0
+    assert await conn.fetchval(VOTE, again["lease_token"], 1) == "agreed"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    # A released replica is offered again too.
+    await conn.close()
+
+
+async def test_three_different_answers_run_the_subtask_again(database_url: str) -> None:
+    conn, task_id, (a, b, c) = await _cluster(database_url)
+    [lease] = await _claim(conn, a)
+    await conn.fetchval(COMPLETE, lease["lease_token"])
+    [r1] = await _claim(conn, b)
+    assert await conn.fetchval(VOTE, r1["lease_token"], None) == "disputed"
+    [r2] = await _claim(conn, c)
+    assert await conn.fetchval(VOTE, r2["lease_token"], None) == "no_quorum"
+    assert await conn.fetchval(STATE, task_id, 0) == "pending"
+    assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
+    await conn.close()
+
+
+async def test_quarantine_after_two_lost_quorums(database_url: str) -> None:
+    conn, _task_id, (liar, b, c) = await _cluster(database_url, subtasks=3)
+    done_by_liar = None
+    for _ in range(2):
+        [lease] = await _claim(conn, liar)
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+        [r1] = await _claim(conn, b)
+        assert await conn.fetchval(VOTE, r1["lease_token"], None) == "disputed"
+        [r2] = await _claim(conn, c)
+        assert r2["subtask_id"] == lease["subtask_id"]
+        assert await conn.fetchval(VOTE, r2["lease_token"], 2) == "agreed"
+        done_by_liar = done_by_liar or lease
+    row = await conn.fetchrow("SELECT disagreements, quarantined_at, quarantine_reason, trusted FROM executors"
+                              " WHERE id = $1", liar)
+    assert row["disagreements"] == 2 and row["quarantined_at"] is not None and not row["trusted"]
+    assert "outvoted 2 times" in row["quarantine_reason"]
+    refused = await conn.fetch(CLAIM, liar, 1)
+    assert [r["verdict"] for r in refused] == ["quarantined"]
+    assert await conn.fetchval("SELECT minion_release_quarantine($1)", liar)
+    assert [r["verdict"] for r in await conn.fetch(CLAIM, liar, 1)] == ["leased"]
+    await conn.close()
+
+
+async def test_quarantine_releases_leases_and_reruns_committed_results(database_url: str) -> None:
+    conn, task_id, (liar, b, _) = await _cluster(database_url, share=0.0, subtasks=4)
+    # Unchecked (share 0): two results of the liar commit, a third is leased, a fourth is held.
+    first, second, third = await _claim(conn, liar, 3)
+    assert await conn.fetchval(COMPLETE, first["lease_token"]) == "ok"
+    assert await conn.fetchval(COMPLETE, second["lease_token"]) == "ok"
+    [other] = await _claim(conn, b)
+    assert await conn.fetchval(COMPLETE, other["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT minion_quarantine_executor($1, 'drill')", liar) == 2
+    states = dict(await conn.fetch("SELECT subtask_id, state FROM subtasks WHERE task_id = $1", task_id))
+    assert states == {first["subtask_id"]: "pending", second["subtask_id"]: "pending",
+                      third["subtask_id"]: "pending", other["subtask_id"]: "done"}
+    assert await conn.fetchval(COMPLETE, third["lease_token"]) == "lost"
+    counts = await conn.fetchrow("SELECT * FROM minion_task_counts($1)", task_id)
+    assert counts["subtasks_done"] == 1 and counts["records_done"] == 1 and counts["subtasks_pending"] == 3
+    # Others finish the task; the liar's revoked attempts stay in the history.
+    for lease in await _claim(conn, b, 3):
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    counts = await conn.fetchrow("SELECT * FROM minion_task_counts($1)", task_id)
+    assert counts["subtasks_done"] == 4 and counts["records_done"] == 4
+    revoked = await conn.fetchval("SELECT count(*) FROM subtask_attempts WHERE task_id = $1 AND outcome = 'revoked'",
+                                  task_id)
+    assert revoked == 2
+    await conn.close()
+
+
+async def test_untrusted_executor_is_checked_until_it_earns_trust(database_url: str) -> None:
+    conn, _task_id, (a, b, _) = await _cluster(database_url, share=0.0, subtasks=4)
+    await conn.execute("SET minions.trust_agreements = '1'")
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"  # new: checked whatever the share
+    [replica] = await _claim(conn, b)
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
+    assert await conn.fetchval("SELECT trusted FROM executors WHERE id = $1", a)  # sleep only: no fingerprint
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"  # trusted, share 0
+    await conn.close()
+
+
+async def test_a_lone_executor_is_never_held(database_url: str) -> None:
+    conn, task_id, (a,) = await _cluster(database_url, executors=1)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.close()
+
+
+async def test_cancel_drops_a_check(database_url: str) -> None:
+    conn, task_id, (a, b, _) = await _cluster(database_url)
+    [lease] = await _claim(conn, a)
+    await conn.fetchval(COMPLETE, lease["lease_token"])
+    [replica] = await _claim(conn, b)
+    assert await conn.fetchval("SELECT minion_cancel_task($1)", task_id)
+    assert await conn.fetchval(STATE, task_id, 0) == "cancelled"
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "lost"
+    assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
+    await conn.close()
+
+
+async def test_unset_session_checks_nothing(database_url: str) -> None:
+    conn, _task_id, (a, _, _) = await _cluster(database_url)
+    await conn.execute("RESET minions.spot_check_share")
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+    await conn.close()
+
+
+async def test_an_unchecked_complete_reads_nothing_of_the_checks(database_url: str) -> None:
+    """The hot path pays nothing: a complete of a lease not chosen for a check reads neither the held
+    results nor the executors' trust (the choice is a column of the row it locks anyway), and a
+    trusted executor's claim that chose none marks nothing. (pg_stat_xact_* may still hold earlier
+    transactions' unflushed counts: deltas are compared.)"""
+    conn, _task_id, (a, _, _) = await _cluster(database_url, share=0.0, subtasks=2)
+    touched = """SELECT relname, seq_scan + coalesce(idx_scan, 0) + n_tup_upd AS n FROM pg_stat_xact_user_tables
+                  WHERE relname IN ('subtask_checks', 'executors', 'subtasks')"""
+    [lease] = await _claim(conn, a)
+    async with conn.transaction():
+        before = dict(await conn.fetch(touched))
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+        after = dict(await conn.fetch(touched))
+    # executors: the attempt's foreign key check, as before (one index probe); nothing else.
+    assert after["subtask_checks"] - before.get("subtask_checks", 0) == 0
+    assert after["executors"] - before.get("executors", 0) == 1
+    async with conn.transaction():
+        before = dict(await conn.fetch(touched))
+        [lease] = await _claim(conn, a)
+        after = dict(await conn.fetch(touched))
+    chosen = "SELECT check_token IS NOT NULL FROM subtasks WHERE lease_token = $1"
+    assert not await conn.fetchval(chosen, lease["lease_token"])
+    assert after.get("subtask_checks", 0) - before.get("subtask_checks", 0) == 0
+    await conn.close()
+
+
+async def test_a_team_with_a_share_of_its_own(database_url: str) -> None:
+    """minions.spot_check_team_shares gives a team its own share; other teams keep the global one."""
+    conn, _, (a, _, _) = await _cluster(database_url, share=0.0, subtasks=1)
+    other = await make_task(conn, team="other", subtasks=1)
+    await conn.execute("SET minions.spot_check_team_shares = 'search=1,elsewhere=0'")
+    leases = {r["team"]: r for r in await _claim(conn, a, 2)}
+    assert await conn.fetchval(COMPLETE, leases["search"]["lease_token"]) == "held"
+    assert await conn.fetchval(COMPLETE, leases["other"]["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", other) == "completed"
+    assert await conn.fetchval("SELECT minion_team_spot_check_share('other', 'search=1,elsewhere=0')") is None
+    await conn.close()
+
+
+async def test_a_held_result_fixes_no_vector_length(database_url: str) -> None:
+    """Only a committed result fixes the task's vector length: a liar's held 5-element vectors must not
+    make every honest 384-element result afterwards a 'dimension_mismatch'."""
+    conn, task_id, (liar, b, _) = await _cluster(database_url, subtasks=2)
+    held = "SELECT minion_complete($1, 1, 0.01, NULL, NULL, NULL, NULL, $2)"
+    [lease] = await _claim(conn, liar)
+    assert await conn.fetchval(held, lease["lease_token"], 5) == "held"
+    assert await conn.fetchval("SELECT embedding_dimension FROM tasks WHERE id = $1", task_id) is None
+    [replica, other] = await _claim(conn, b, 2)
+    assert replica["subtask_id"] == lease["subtask_id"] and not replica["backup"]
+    vote = "SELECT minion_check_vote($1, 1, 0.01, NULL, NULL, NULL, NULL, $2, $3::smallint)"
+    assert await conn.fetchval(vote, replica["lease_token"], 384, None) == "disputed"
+    assert await conn.fetchval("SELECT embedding_dimension FROM tasks WHERE id = $1", task_id) is None
+    # The agreed result fixes it: the third executor sides with the 384-element one.
+    [third] = await _claim(conn, (await conn.fetch("SELECT id FROM executors WHERE name = 'ex2'"))[0]["id"])
+    assert await conn.fetchval(vote, third["lease_token"], 384, 2) == "agreed"
+    assert await conn.fetchval("SELECT embedding_dimension FROM tasks WHERE id = $1", task_id) == 384
+    # From then on a held result must fit it.
+    assert await conn.fetchval(held, other["lease_token"], 5) == "dimension_mismatch"
+    await conn.close()
+
+
+async def test_a_lease_is_checked_only_where_a_replica_could_run(database_url: str) -> None:
+    """Checked only while another executor the replica claim would serve is alive: one silent for the
+    lease timeout, or quarantined, counts for nothing, so the result commits at once instead of
+    waiting for a replica nobody would take."""
+    conn, task_id, (a, b, c) = await _cluster(database_url, subtasks=3)
+    await silence(conn, b, 3600)
+    await conn.execute("UPDATE executors SET quarantined_at = now(), quarantine_reason = 'test' WHERE id = $1", c)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+    await conn.execute("UPDATE heartbeats SET beat_at = now(), seen_at = now() WHERE executor_id = $1", b)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    counts = await conn.fetchrow("SELECT * FROM minion_task_counts($1)", task_id)
+    assert (counts["subtasks_checking"], counts["subtasks_done"], counts["subtasks_pending"]) == (1, 1, 1)
+    await conn.close()
+
+
+async def test_a_check_that_cannot_finish_ends_after_the_wait(database_url: str) -> None:
+    """A lone candidate whose replicas never come commits unchecked after the wait (trust unchanged);
+    a dispute with no third executor runs again from the queue. Nothing waits for ever."""
+    conn, task_id, (a, b, _c) = await _cluster(database_url, subtasks=2)
+    first, second = await _claim(conn, a, 2)
+    assert await conn.fetchval(COMPLETE, first["lease_token"]) == "held"
+    assert await conn.fetchval(COMPLETE, second["lease_token"]) == "held"
+    [replica] = await _claim(conn, b)
+    assert await conn.fetchval(VOTE, replica["lease_token"], None) == "disputed"
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 0  # not stale yet
+    await conn.execute("UPDATE subtask_checks SET held_at = now() - interval '1 hour'")
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 2
+    states = dict(await conn.fetch("SELECT subtask_id, state FROM subtasks WHERE task_id = $1", task_id))
+    assert states[replica["subtask_id"]] == "pending"  # the dispute runs again
+    other = ({first["subtask_id"], second["subtask_id"]} - {replica["subtask_id"]}).pop()
+    assert states[other] == "done"
+    outcome = await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE task_id = $1 AND subtask_id = $2"
+                                  " AND executor_id = $3", task_id, other, a)
+    assert outcome == "unchecked"
+    assert await conn.fetchval("SELECT agreements + disagreements FROM executors WHERE id = $1", a) == 0
+    assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
+    await conn.close()
+
+
+async def test_one_owner_does_not_replicate_itself_while_another_could(database_url: str) -> None:
+    """Two executors of one API token could agree on a lie: while an executor of another token could run
+    the replica, the other of the same token is not offered it; once none could, it is."""
+    conn = await connect(database_url)
+    await conn.execute("SET minions.spot_check_share = '1'")
+    task_id = await make_task(conn, subtasks=1)
+    _, mine = await make_token(conn, "executor")
+    _, theirs = await make_token(conn, "executor")
+    a = await make_executor(conn, mine, name="mine-a")
+    a2 = await make_executor(conn, mine, name="mine-b")
+    b = await make_executor(conn, theirs, name="theirs")
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    assert await _claim(conn, a2) == []
+    await silence(conn, b, 3600)
+    [replica] = await _claim(conn, a2)
+    assert replica["subtask_id"] == 0
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.close()
+
+
+async def test_sampled_completions_are_not_checked(database_url: str) -> None:
+    """Two honest runs of a sampled completion differ: only greedy ones (temperature 0) are checked."""
+    conn = await connect(database_url)
+    sampled = "SELECT minion_checkable('completion', '{}') OR minion_checkable('completion', '{\"temperature\": 0.7}')"
+    assert await conn.fetchval(sampled) is False
+    assert await conn.fetchval("SELECT minion_checkable('completion', '{\"temperature\": 0}')"
+                               " AND minion_checkable('embedding', '{}') AND minion_checkable('sleep', '{}')")
+    await conn.close()
+
+
+async def test_a_requeued_subtask_forgets_its_check(database_url: str) -> None:
+    """The choice is the lease's: a subtask whose checked lease was lost and claimed again by a trusted
+    executor (share 0) commits at once."""
+    conn, task_id, (a, b, _) = await _cluster(database_url, subtasks=1)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval("SELECT check_token FROM subtasks WHERE task_id = $1", task_id) == lease["lease_token"]
+    await silence(conn, a, 300)
+    assert await conn.fetchval("SELECT minion_reclaim_executor($1, 60)", a) == 1
+    await conn.execute("SET minions.spot_check_share = '0'")
+    [again] = await _claim(conn, b)
+    assert await conn.fetchval(COMPLETE, again["lease_token"]) == "ok"
+    await conn.close()
+
+
+async def test_a_quarantine_flagged_by_a_vote_is_settled_apart(database_url: str) -> None:
+    """The vote flags the quarantine (claims refused at once); its leases and results are dealt with by
+    minion_settle_quarantines, in a transaction of its own, once."""
+    conn, task_id, (liar, b, c) = await _cluster(database_url, subtasks=3)
+    await conn.execute("SET minions.quarantine_after = '1'")
+    [lease] = await _claim(conn, liar)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    [held_other] = await _claim(conn, liar)  # still leased when the quarantine comes
+    [r1] = await _claim(conn, b)
+    assert r1["subtask_id"] == lease["subtask_id"]
+    assert await conn.fetchval(VOTE, r1["lease_token"], None) == "disputed"
+    [r2] = await _claim(conn, c)
+    assert await conn.fetchval(VOTE, r2["lease_token"], 2) == "agreed"
+    assert await conn.fetchval("SELECT quarantine_settled FROM executors WHERE id = $1", liar) is False
+    assert [r["verdict"] for r in await conn.fetch(CLAIM, liar, 1)] == ["quarantined"]
+    assert await conn.fetchval("SELECT minion_settle_quarantines()") == 0
+    assert await conn.fetchval(COMPLETE, held_other["lease_token"]) == "lost"  # released
+    assert await conn.fetchval(STATE, task_id, held_other["subtask_id"]) == "pending"
+    assert await conn.fetchval("SELECT quarantine_settled FROM executors WHERE id = $1", liar) is True
+    assert await conn.fetchval("SELECT minion_settle_quarantines()") == 0
+    await conn.close()
