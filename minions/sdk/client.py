@@ -213,6 +213,16 @@ class MinionsClient:
         result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/cancel")
         return result
 
+    async def verify(self, team: str, project: str, name: str, *, every: bool = False,
+                     verify_name: str | None = None) -> dict[str, Any]:
+        """Run a finished task's results again as a task of their own (`{"task", "subtasks"}`; task
+        None when nothing is to be verified): those from executors quarantined since, or all."""
+        body: dict[str, Any] = {"all": every, **({"name": verify_name} if verify_name else {})}
+        # once: a retried POST would make a second verification task
+        result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/verify",
+                                                     json=body, once=True)
+        return result
+
     async def delete(self, team: str, project: str, name: str) -> None:
         """Delete a finished task; its input and results are then garbage-collected."""
         await self._request("DELETE", f"/api/v1/tasks/{team}/{project}/{name}")

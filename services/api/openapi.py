@@ -518,6 +518,33 @@ def _paths() -> dict[str, Schema]:
                                         e409="The task already completed or failed (`task_finished`)."),
             },
         },
+        "/api/v1/tasks/{team}/{project}/{name}/verify": {
+            "parameters": _TASK_PATH,
+            "post": {
+                "operationId": "verifyTask",
+                "tags": ["tasks"],
+                "summary": "Run a finished task's suspect results again, as a task of their own",
+                "description": "The subtasks whose committed result came from an executor quarantined since "
+                               "(every done subtask with `all`) run again as a new task in the same team and "
+                               "project: the same input ranges, kind, params, and the model pinned to the "
+                               "task's fingerprint. Compare its results with the task's by record id "
+                               "(`minions verify` does).",
+                "requestBody": _json_body(_object({
+                    "all": {"type": "boolean", "default": False, "description": "Every done subtask."},
+                    "name": _name("verification task's name (default: `<name>-verify-<6 hex>`)"),
+                }), "What to run again (an empty body: only the quarantined executors' results).",
+                    required=False),
+                "responses": _responses(
+                    {"201": {"description": "The verification task and how many subtasks it runs.",
+                             "content": {JSON: {"schema": _object({"task": _ref("Task"),
+                                                                   "subtasks": {"type": "integer"}})}}}},
+                    _ok(_object({"task": {"type": "object", "nullable": True, "enum": [None]},
+                                 "subtasks": {"type": "integer", "enum": [0]}}), "Nothing to verify."),
+                    _AUTHED, **task_errors,
+                    e409="The task has not ended (`task_not_finished`), or the name is taken (`task_exists`).",
+                    e422="Unknown fields, `all` not a boolean, or `name` not a name."),
+            },
+        },
         "/api/v1/tasks/{team}/{project}/{name}/subtasks": {
             "parameters": _TASK_PATH,
             "get": {

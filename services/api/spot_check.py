@@ -1,30 +1,16 @@
 """Replicated spot checks: a replica's verified output compared with the results held for its subtask
-(sql/400_spot_checks.sql keeps the state; the comparison is here).
-
-Two outputs of one subtask agree when they answer the same ids in the same order and, per kind:
-embedding, every record's vectors have a cosine of at least MINIONS_SPOT_CHECK_MIN_COSINE (bf16 and
-fp16 against fp32 stay above 0.9999 for the models served); completion, every record's `text` has a
-similarity of at least MINIONS_SPOT_CHECK_MIN_SIMILARITY (difflib's ratio: only greedy completions
-are checked, sql/400's minion_checkable, and greedy decoding on other hardware or kernels may still
-part after a few tokens, where a lie differs from the first); sleep, the same ids. Both outputs
-passed the shape check at their own complete (output_check.py), so each line is an object with `id`
-and its kind's field.
-"""
+(sql/400_spot_checks.sql keeps the state; the rule of agreement is minions/result_agreement.py's)."""
 
 from __future__ import annotations
 
 import asyncio
-import difflib
-import math
 import uuid
-from collections.abc import Sequence
 from typing import Any
-
-import orjson
 
 from minions.config import Settings
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.result_agreement import outputs_agree
 from minions.services.api.verified_output import ResultCorrupted, read_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
@@ -43,45 +29,6 @@ def spot_check_session(settings: Settings) -> dict[str, str]:
             "minions.spot_check_team_shares": ",".join(
                 "=".join(part.strip() for part in item.split("=", 1))
                 for item in settings.spot_check_team_shares.split(",") if item.strip())}
-
-
-def _lines(data: bytes) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in data.splitlines() if line.strip()]
-
-
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    if len(a) != len(b):
-        return -2.0
-    dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
-    na = math.sqrt(math.fsum(x * x for x in a))
-    nb = math.sqrt(math.fsum(y * y for y in b))
-    if na == 0.0 or nb == 0.0:
-        return 1.0 if na == nb else 0.0
-    return dot / (na * nb)
-
-
-def _similar(a: object, b: object, min_similarity: float) -> bool:
-    if a == b:
-        return True
-    if not isinstance(a, str) or not isinstance(b, str):
-        return False
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= min_similarity
-
-
-def agree(kind: str, mine: bytes, theirs: bytes, min_cosine: float, min_similarity: float = 1.0) -> bool:
-    """Whether two verified outputs of one subtask say the same (see the module's docstring)."""
-    try:
-        a, b = _lines(mine), _lines(theirs)
-    except orjson.JSONDecodeError:
-        return False
-    if len(a) != len(b) or any(x.get("id") != y.get("id") for x, y in zip(a, b, strict=True)):
-        return False
-    if kind == "embedding":
-        return all(_cosine(x.get("embedding") or [], y.get("embedding") or []) >= min_cosine
-                   for x, y in zip(a, b, strict=True))
-    if kind == "completion":
-        return all(_similar(x.get("text"), y.get("text"), min_similarity) for x, y in zip(a, b, strict=True))
-    return True  # sleep: the same ids
 
 
 async def _bytes_of(store: ObjectStore, row: Any) -> bytes:
@@ -109,8 +56,8 @@ async def vote(pool: Any, store: ObjectStore, settings: Settings, token: uuid.UU
             for row in held:
                 theirs = await _bytes_of(store, row)
                 limits = (settings.spot_check_min_cosine, settings.spot_check_min_similarity)
-                same = (agree(kind, mine, theirs, *limits) if len(mine) + len(theirs) <= COMPARE_ON_LOOP
-                        else await asyncio.to_thread(agree, kind, mine, theirs, *limits))
+                same = (outputs_agree(kind, mine, theirs, *limits) if len(mine) + len(theirs) <= COMPARE_ON_LOOP
+                        else await asyncio.to_thread(outputs_agree, kind, mine, theirs, *limits))
                 if same:
                     agrees_with = row["round"]
                     break

@@ -243,3 +243,9 @@ ORDER BY p.part;
 -- name: set_executor_fingerprints
 -- $1 executor id, $2 [{model, fingerprint, precision, backend}] (sql/390), in the registration's transaction.
 SELECT minion_set_executor_fingerprints($1, $2::jsonb);
+
+-- name: verify_task
+-- A verification task of finished task $1 named $2 (sql/402): $3 every done subtask, else those whose
+-- result came from an executor now quarantined; $4 the caller's token. task_id NULL: nothing to
+-- verify (subtasks 0), or the name is taken (subtasks -1).
+SELECT * FROM minion_verify_task($1, $2, $3, $4);

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import hashlib
 import re
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,15 +16,15 @@ from aiohttp import web
 
 from minions import jsoncodec, readahead
 from minions.db.queries import Queries
-from minions.kinds import TASK_STATUSES
+from minions.kinds import FINISHED_TASK_STATUSES, TASK_STATUSES
 from minions.logging import get_logger
-from minions.names import NAME, is_name
+from minions.names import NAME, NAME_RULE, is_name
 from minions.records import parse_line
 from minions.redaction import redact_failure
 from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import THREAD_ABOVE, query_int
+from minions.services.api.bodies import THREAD_ABOVE, json_object, query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.inline_records import SpooledRecords
 from minions.services.api.inline_split import SplitRanges, cut_small
@@ -230,6 +231,37 @@ async def cancel_task(request: web.Request) -> web.Response:
                                             "cancelled")
     log.info("task_cancelled", task_id=row["id"])
     return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
+
+
+@routes.post("/api/v1/tasks/{team}/{project}/{name}/verify")
+async def verify_task(request: web.Request) -> web.Response:
+    """A finished task's results run again by others as a task of their own (sql/402): those that came
+    from an executor quarantined since (or every one, `"all": true`). The caller compares the two
+    tasks' results by record id (`minions verify`)."""
+    principal = require(request, "user")
+    row = await task_row(request, principal)
+    body = await json_object(request, optional=True, limit=4096)
+    unknown = sorted(set(body) - {"all", "name"})
+    every = body.get("all", False)
+    name = body.get("name") or f"{row['name'][:48]}-verify-{secrets.token_hex(3)}"
+    errors = {**{k: "unknown field" for k in unknown},
+              **({"all": "must be true or false"} if not isinstance(every, bool) else {}),
+              **({"name": NAME_RULE} if not isinstance(name, str) or not is_name(name) else {})}
+    if errors:
+        raise invalid(errors)
+    if row["status"] not in FINISHED_TASK_STATUSES:
+        raise conflict("task_not_finished", f"task is {row['status']}: results of an open task are checked as "
+                                            "it runs (those of a quarantined executor run again by themselves)")
+    pool = request.app[POOL]
+    made = await pool.fetchrow(Q.verify_task, row["id"], name, every, principal.token_id)
+    if made["subtasks"] == -1:
+        raise conflict("task_exists", f"a task named {row['team']}/{row['project']}/{name} exists already")
+    task = None
+    if made["task_id"] is not None:
+        task = task_object(await pool.fetchrow(Q.task_by_id, made["task_id"]), request.app[STORE])
+        log.info("task_verification_submitted", task_id=row["id"], verify_task_id=made["task_id"],
+                 subtasks=made["subtasks"])
+    return json_response({"task": task, "subtasks": made["subtasks"]}, status=201 if task else 200)
 
 
 @routes.delete("/api/v1/tasks/{team}/{project}/{name}")
