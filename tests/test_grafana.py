@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from minions.db.connect import connect
-from minions.testing.factories import make_task, make_token, silence
+from minions.testing.factories import make_executor, make_task, make_token, silence
 from tests.support.grafana_macros import (
     MacroError,
     QueryContext,
@@ -325,3 +325,146 @@ def test_macros_expand_like_grafana() -> None:
         expand("$__nope(x)", ctx)
     with pytest.raises(MacroError):
         expand("$__timeGroup(x)", ctx)
+
+
+async def _spot_checks(conn: asyncpg.Connection) -> dict[str, uuid.UUID]:
+    """Team 'search', three executors of three owners (sql/400's checks, every lease checked): 'liar'
+    commits one result of an open task unchecked, then loses a quorum to 'honest' and 'referee' and is
+    quarantined by hand (its committed result revoked); 'referee' holds a result until the check times
+    out (unchecked); 'honest' holds one still (candidate)."""
+    await conn.execute("SET minions.spot_check_share = '0'")
+    await conn.execute("SET minions.trust_agreements = '0'")
+    made: dict[str, uuid.UUID] = {}
+    for name, label in (("liar", "mallory"), ("honest", "alice"), ("referee", "")):
+        _, token_id = await make_token(conn, "executor")
+        await conn.execute("UPDATE api_tokens SET label = $2 WHERE id = $1", token_id, label)
+        made[name] = await make_executor(conn, token_id, name=name)
+    claim = "SELECT * FROM minion_claim_batch($1, NULL, 1) WHERE verdict = 'leased'"
+    complete = "SELECT minion_complete($1, 1, 0.01, NULL, NULL, NULL, NULL)"
+    vote = "SELECT minion_check_vote($1, 1, 0.01, NULL, NULL, NULL, NULL, NULL, $2::smallint)"
+
+    open_task = await make_task(conn, name="open", subtasks=2)
+    lease = await conn.fetchrow(claim, made["liar"])
+    assert lease["task_id"] == open_task and await conn.fetchval(complete, lease["lease_token"]) == "ok"
+
+    # From here every lease is checked; the checked tasks come first in the queue.
+    await conn.execute("SET minions.spot_check_share = '1'")
+    await conn.execute("SET minions.trust_agreements = '1'")
+    await make_task(conn, name="disputed", subtasks=1, priority=10)
+    held = await conn.fetchrow(claim, made["liar"])
+    assert await conn.fetchval(complete, held["lease_token"]) == "held"
+    second = await conn.fetchrow(claim, made["honest"])
+    assert second["task_id"] == held["task_id"]
+    assert await conn.fetchval(vote, second["lease_token"], None) == "disputed"
+    third = await conn.fetchrow(claim, made["referee"])
+    assert await conn.fetchval(vote, third["lease_token"], 2) == "agreed"  # with honest's
+    assert await conn.fetchval("SELECT minion_quarantine_executor($1, 'returned random vectors')",
+                               made["liar"]) == 1  # its result in the open task runs again
+
+    await make_task(conn, name="stale", subtasks=1, priority=10)
+    lease = await conn.fetchrow(claim, made["referee"])
+    assert await conn.fetchval(complete, lease["lease_token"]) == "held"
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(0)") == 1
+    await make_task(conn, name="held", subtasks=1, priority=10)
+    lease = await conn.fetchrow(claim, made["honest"])
+    assert await conn.fetchval(complete, lease["lease_token"]) == "held"
+    return made
+
+
+async def test_trust_views_and_panels(database_url: str) -> None:
+    admin = await connect(database_url)
+    made = await _spot_checks(admin)
+    # A team's own executor, and a team with no spot checks: the other team sees neither liar nor checks.
+    _, other_token = await make_token(admin, "executor", team="other")
+    await make_executor(admin, other_token, name="other-box", team="other")
+    await make_task(admin, team="other", subtasks=1)
+    conn = await _as_grafana(database_url)
+    try:
+        trust = {r["executor"]: r for r in await conn.fetch(
+            "SELECT * FROM grafana_executor_trust WHERE team = 'search'")}
+        assert set(trust) == {"liar", "honest", "referee"}
+        liar = trust["liar"]
+        assert (liar["owner"], liar["trust"], liar["trusted"], liar["quarantined"], liar["quarantine_reason"]) == (
+            "mallory", "quarantined", False, True, "returned random vectors")
+        assert liar["quarantined_at"] is not None and (liar["agreements"], liar["disagreements"]) == (0, 1)
+        counts = ("agreed_24h", "outvoted_24h", "revoked_24h", "unchecked_24h", "candidate_24h")
+        assert {name: tuple(r[c] for c in counts) for name, r in trust.items()} == {
+            "liar": (0, 1, 1, 0, 0), "honest": (0, 0, 0, 0, 1), "referee": (1, 0, 0, 1, 0)}
+        assert (trust["honest"]["owner"], trust["honest"]["trust"], trust["honest"]["agreements"]) == (
+            "alice", "trusted", 1)
+        assert trust["referee"]["owner"] is None and trust["referee"]["quarantine_reason"] is None
+        # Shared executors serve every team; a team's own executor only its team.
+        assert {r["executor"] for r in await conn.fetch(
+            "SELECT executor FROM grafana_executor_trust WHERE team = 'other'")} == {
+            "liar", "honest", "referee", "other-box"}
+
+        outcomes = await conn.fetch("SELECT * FROM grafana_spot_check_outcomes")
+        assert {(r["team"], r["outcome"]): r["attempts"] for r in outcomes} == {
+            ("search", "agreed"): 1, ("search", "outvoted"): 1, ("search", "revoked"): 1,
+            ("search", "unchecked"): 1, ("search", "candidate"): 1}
+        assert all(r["time"].second == 0 and r["time"].microsecond == 0 for r in outcomes)
+
+        panels = {p["title"]: p for p in _panels(_dashboard()["panels"])}
+        now = datetime.now(UTC)
+
+        async def run(title: str, team: str) -> list[asyncpg.Record]:
+            ctx = QueryContext(time_from=now - timedelta(hours=6), time_to=now + timedelta(minutes=5),
+                               variables={"team": [team]})
+            return await conn.fetch(expand(panels[title]["targets"][0]["rawSql"], ctx))
+
+        disagreements = await run("Disagreements by executor", "search")
+        top = disagreements[0]
+        assert (top["executor"], top["trust"], top["disagreements"], top["outvoted_24h"]) == (
+            "liar", "quarantined", 1, 1)
+        assert sorted(r["executor"] for r in disagreements) == ["honest", "liar", "referee"]
+        # A shared executor is one row over several teams.
+        both = QueryContext(time_from=now - timedelta(hours=6), time_to=now, variables={"team": ["search", "other"]})
+        rows = await conn.fetch(expand(panels["Disagreements by executor"]["targets"][0]["rawSql"], both))
+        assert sorted(r["executor"] for r in rows) == ["honest", "liar", "other-box", "referee"]
+
+        quarantined = await run("Quarantined executors", "search")
+        assert [(r["executor"], r["reason"], r["owner"]) for r in quarantined] == [
+            ("liar", "returned random vectors", "mallory")]
+        assert quarantined[0]["quarantined_at"] == liar["quarantined_at"]
+
+        series = await run("Spot-check outcomes", "search")
+        assert {r["metric"]: r["value"] for r in series} == {
+            "agreed": 1, "outvoted": 1, "revoked": 1, "unchecked": 1, "candidate": 1}
+        assert all(now - timedelta(minutes=5) < r["time"] <= now for r in series)
+        assert await run("Spot-check outcomes", "other") == []
+
+        # Released: off the quarantined panel, checked again from scratch.
+        await admin.fetchval("SELECT minion_release_quarantine($1)", made["liar"])
+        assert await run("Quarantined executors", "search") == []
+        released = await conn.fetchrow("SELECT trust, disagreements FROM grafana_executor_trust "
+                                       "WHERE executor = 'liar' LIMIT 1")
+        assert (released["trust"], released["disagreements"]) == ("checked", 0)
+    finally:
+        await conn.close()
+        await admin.close()
+
+
+async def test_trust_views_read_only_the_checked_attempts(database_url: str) -> None:
+    """Neither view scans the hot path's attempts: with 20,000 attempts of which 2 % are checks',
+    both read the partial index of checks' attempts (sql/401), never the whole table."""
+    admin = await connect(database_url)
+    try:
+        _, token_id = await make_token(admin, "executor")
+        executor = await make_executor(admin, token_id, name="busy")
+        task = await make_task(admin, subtasks=1000)
+        await admin.execute(
+            """INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
+                                             ended_at, outcome)
+               SELECT $1, i % 1000, i, $2, gen_random_uuid(), now() - make_interval(secs => i),
+                      now() - make_interval(secs => i / 4),
+                      CASE i % 100 WHEN 0 THEN 'agreed' WHEN 1 THEN 'candidate' ELSE 'done' END
+                 FROM generate_series(1, 20000) i""", task, executor)
+        await admin.execute("ANALYZE subtask_attempts")
+        for view in ("grafana_executor_trust", "grafana_spot_check_outcomes"):
+            plan = "\n".join(r[0] for r in await admin.fetch(f"EXPLAIN SELECT * FROM {view}"))
+            assert "subtask_attempts_spot_checked" in plan, plan
+            assert "Seq Scan on subtask_attempts" not in plan, plan
+        trust = await admin.fetchrow("SELECT * FROM grafana_executor_trust WHERE executor = 'busy'")
+        assert (trust["agreed_24h"], trust["candidate_24h"]) == (200, 200)
+    finally:
+        await admin.close()
