@@ -49,6 +49,11 @@ ALTER TABLE subtasks ADD CONSTRAINT subtasks_state_check
 ALTER TABLE subtasks ADD COLUMN check_token uuid;
 ALTER TABLE subtasks ADD CONSTRAINT subtasks_checking_token CHECK (state <> 'checking' OR lease_token IS NOT NULL);
 CREATE INDEX subtasks_checking ON subtasks (capability, priority DESC, task_id, subtask_id) WHERE state = 'checking';
+-- A task's subtasks in flight, leased or checking (the settle probe, the task's counts). It replaces
+-- subtasks_leased_task (001), whose queries it serves too (state = 'leased' implies its predicate),
+-- so a claim or a complete maintains as many indexes as before.
+DROP INDEX subtasks_leased_task;
+CREATE INDEX subtasks_in_flight_task ON subtasks (task_id) WHERE state IN ('leased', 'checking');
 
 -- candidate: a result held for a check; agreed: a replica that matched the committed one;
 -- outvoted: a result on the losing side of a quorum (or of no quorum); revoked: a committed result
@@ -59,7 +64,7 @@ ALTER TABLE subtask_attempts ADD CONSTRAINT subtask_attempts_outcome_check
     CHECK (outcome IN ('done', 'failed', 'lost', 'released', 'cancelled', 'superseded', 'candidate', 'agreed',
                        'outvoted', 'revoked', 'unchecked'));
 -- A quarantine revokes an executor's committed results: found by executor, not by a scan of history.
-CREATE INDEX subtask_attempts_executor_done ON subtask_attempts (executor_id) WHERE outcome = 'done';
+CREATE INDEX subtask_attempts_executor_done ON subtask_attempts (executor_id) WHERE outcome IN ('done', 'unchecked');
 
 -- The results held for a check: round 1 the first, round 2 a replica that disagreed. At most two,
 -- only while the subtask is 'checking' (its functions delete them when it leaves that state).
@@ -282,6 +287,27 @@ BEGIN
     RETURN 'ok';
 END $$;
 
+-- (Replaces 030's: the subtask is locked before its backup row is deleted, the order every
+-- function that ends a lease or votes takes (subtask, then its rows); deleting first deadlocked
+-- with a replica's vote, which locks the subtask and then deletes the same row.)
+CREATE OR REPLACE FUNCTION minion_end_backup(p_token uuid, p_outcome text, p_error text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    b subtask_backups%ROWTYPE;
+    att integer;
+BEGIN
+    PERFORM 1 FROM subtasks s JOIN subtask_backups k ON k.task_id = s.task_id AND k.subtask_id = s.subtask_id
+      WHERE k.lease_token = p_token FOR UPDATE OF s;
+    DELETE FROM subtask_backups WHERE lease_token = p_token RETURNING * INTO b;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT attempts INTO att FROM subtasks WHERE task_id = b.task_id AND subtask_id = b.subtask_id;
+    INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
+                                  outcome, error)
+    VALUES (b.task_id, b.subtask_id, att, b.executor_id, b.lease_token, b.leased_at, p_outcome, p_error);
+END $$;
+
 -- A replica for p_executor: a checking subtask of its capabilities (its team's, if it has one) with
 -- no replica running, that it may replicate (minion_replica_allowed), of its fingerprint (or of a
 -- task not pinned: one run so far by executors that report none, sql/393). Returns the replica's
@@ -292,15 +318,22 @@ DECLARE
     cand record;
     tok uuid;
 BEGIN
+    -- The first 64 checking subtasks in claim order are looked at, no more: a backlog of checks (an
+    -- untrusted executor's held results, replicas running) costs a claim a bounded scan, and the
+    -- subtasks further back come forward as those ahead resolve.
     FOR cand IN
-        SELECT s.task_id, s.subtask_id FROM subtasks s JOIN tasks t ON t.id = s.task_id
-         WHERE s.state = 'checking' AND s.capability = ANY (p_caps) AND (p_team IS NULL OR s.team = p_team)
-           AND NOT EXISTS (SELECT 1 FROM subtask_backups b WHERE b.task_id = s.task_id AND b.subtask_id = s.subtask_id)
-           AND (s.capability = 'sleep:*' OR t.fingerprint IS NULL
-                OR t.fingerprint = minion_executor_fingerprint(p_executor, s.capability))
-           AND minion_replica_allowed(p_executor, p_token_id, s.task_id, s.subtask_id, s.capability, s.team::text,
+        SELECT h.task_id, h.subtask_id
+          FROM (SELECT s.task_id, s.subtask_id, s.capability, s.team, s.priority FROM subtasks s
+                 WHERE s.state = 'checking' AND s.capability = ANY (p_caps) AND (p_team IS NULL OR s.team = p_team)
+                 ORDER BY s.priority DESC, s.task_id, s.subtask_id
+                 LIMIT 64) h
+          JOIN tasks t ON t.id = h.task_id
+         WHERE NOT EXISTS (SELECT 1 FROM subtask_backups b WHERE b.task_id = h.task_id AND b.subtask_id = h.subtask_id)
+           AND (h.capability = 'sleep:*' OR t.fingerprint IS NULL
+                OR t.fingerprint = minion_executor_fingerprint(p_executor, h.capability))
+           AND minion_replica_allowed(p_executor, p_token_id, h.task_id, h.subtask_id, h.capability, h.team::text,
                                       t.fingerprint)
-         ORDER BY s.priority DESC, s.task_id, s.subtask_id
+         ORDER BY h.priority DESC, h.task_id, h.subtask_id
          LIMIT 4
     LOOP
         PERFORM 1 FROM subtasks
@@ -425,6 +458,17 @@ BEGIN
      ORDER BY array_position(won, s.lease_token);
 END $$;
 
+-- Whether backup p_token of subtask s is of an executor not trusted yet, whose result another
+-- executor could check now (its first results are all checked, whichever way it got the lease).
+CREATE FUNCTION minion_untrusted_backup(s subtasks, p_token uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT minion_trust_setting('trust_agreements', 0) > 0
+       AND EXISTS (SELECT 1 FROM subtask_backups k JOIN executors e ON e.id = k.executor_id
+                    WHERE k.lease_token = p_token AND NOT e.trusted
+                      AND EXISTS (SELECT 1 FROM minion_replica_executors(
+                                      s.capability, s.team::text, (SELECT t.fingerprint FROM tasks t WHERE t.id = s.task_id),
+                                      ARRAY[e.id])))
+$$;
+
 -- (Replaces 380's: a lease chosen for a check (s.check_token) holds its result as a candidate
 -- instead of committing it: 'held'; its subtask stays open, 'checking', until a replica votes. A
 -- held result fixes no vector length (only a committed one does), but must fit the length fixed.
@@ -462,13 +506,18 @@ BEGIN
     IF p_records IS DISTINCT FROM s.records THEN
         RETURN 'records_mismatch';
     END IF;
-    held := role = 'replica' OR s.check_token = s.lease_token;
+    IF role = 'replica' THEN
+        -- Compared, then voted, whatever its vectors' length: a replica that disagrees with the length
+        -- a liar's committed result fixed must count against it, not be refused.
+        RETURN 'replica';
+    END IF;
+    -- Held: the lease chosen for a check, or a straggler backup of an executor not trusted yet
+    -- (its first results are all checked, whichever way it got the lease).
+    held := coalesce(s.check_token = s.lease_token, false)
+            OR (role = 'backup' AND minion_untrusted_backup(s, p_token));
     IF p_dimension IS NOT NULL AND NOT (CASE WHEN held THEN minion_dimension_fits(s.task_id, p_dimension)
                                              ELSE minion_pin_dimension(s.task_id, p_dimension) END) THEN
         RETURN 'dimension_mismatch';
-    END IF;
-    IF role = 'replica' THEN
-        RETURN 'replica';
     END IF;
     DELETE FROM subtask_backups WHERE task_id = s.task_id AND subtask_id = s.subtask_id RETURNING * INTO b;
     IF role = 'primary' THEN
@@ -620,9 +669,6 @@ BEGIN
     IF p_records IS DISTINCT FROM s.records THEN
         RETURN 'records_mismatch';
     END IF;
-    IF NOT minion_dimension_fits(s.task_id, p_dimension) THEN
-        RETURN 'dimension_mismatch';
-    END IF;
     DELETE FROM subtask_backups WHERE lease_token = p_token RETURNING * INTO b;
     SELECT count(*) INTO n FROM subtask_checks WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
 
@@ -639,19 +685,21 @@ BEGIN
                                       outcome, records, seconds)
         VALUES (s.task_id, s.subtask_id, s.attempts, b.executor_id, p_token, b.leased_at, 'agreed',
                 p_records, p_seconds);
-        IF NOT minion_commit_candidate(s, w, 'done', NULL) THEN
-            PERFORM minion_recheck_subtask(s, 'the agreed vectors'' length is not the task''s');
-            RETURN 'no_quorum';
-        END IF;
+        -- The quorum stands whatever happens to the result: the loser is blamed.
+        PERFORM minion_executors_voted(ARRAY[w.executor_id, b.executor_id],
+                                       CASE WHEN l.lease_token IS NULL THEN '{}'::uuid[] ELSE ARRAY[l.executor_id] END,
+                                       s.task_id, s.subtask_id);
         IF l.lease_token IS NOT NULL THEN
             UPDATE subtask_attempts SET outcome = 'outvoted', error = 'its result was outvoted 2 to 1'
              WHERE task_id = s.task_id AND subtask_id = s.subtask_id AND lease_token = l.lease_token
                AND outcome = 'candidate';
-            DELETE FROM subtask_checks WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+            DELETE FROM subtask_checks WHERE task_id = s.task_id AND subtask_id = s.subtask_id AND round = l.round;
         END IF;
-        PERFORM minion_executors_voted(ARRAY[w.executor_id, b.executor_id],
-                                       CASE WHEN l.lease_token IS NULL THEN '{}'::uuid[] ELSE ARRAY[l.executor_id] END,
-                                       s.task_id, s.subtask_id);
+        IF NOT minion_commit_candidate(s, w, 'done', NULL) THEN
+            -- The agreed vectors' length is not the one a committed result fixed (a liar's, revoked
+            -- when its quarantine is settled): the subtask runs again.
+            PERFORM minion_recheck_subtask(s, 'the agreed vectors'' length is not the task''s');
+        END IF;
         RETURN 'agreed';
     END IF;
 
@@ -714,22 +762,16 @@ BEGIN
                    AND k.task_id = s.task_id AND k.subtask_id = s.subtask_id AND s.lease_token = c.lease_token;
             END IF;
         END LOOP;
-        -- Tasks that ended with its results: warned.
-        INSERT INTO task_quarantine_warnings (task_id, executor_id, subtasks, reason)
-        SELECT a.task_id, q.id, count(*), q.reason
-          FROM subtask_attempts a JOIN tasks t ON t.id = a.task_id
-         WHERE a.executor_id = q.id AND a.outcome = 'done' AND t.status IN ('completed', 'failed', 'cancelled')
-         GROUP BY a.task_id
-        ON CONFLICT (task_id, executor_id) DO UPDATE SET subtasks = excluded.subtasks, reason = excluded.reason;
         -- Its committed results in tasks that have not ended: revoked, run again (a reopened subtask
         -- counts as open again through this backend's progress slot, under the task row's lock, which
-        -- a settle takes too: the task cannot end meanwhile).
+        -- a settle takes too: the task cannot end meanwhile). A task left with no committed result
+        -- has its vector length fixed again by the next one (it may have been the liar's).
         FOR d IN SELECT s.task_id, s.subtask_id, s.records, s.lease_token
                    FROM subtask_attempts a
                    JOIN subtasks s ON s.task_id = a.task_id AND s.subtask_id = a.subtask_id
                                   AND s.state = 'done' AND s.lease_token = a.lease_token
                    JOIN tasks t ON t.id = a.task_id
-                  WHERE a.executor_id = q.id AND a.outcome = 'done'
+                  WHERE a.executor_id = q.id AND a.outcome IN ('done', 'unchecked')
                     AND t.status IN ('splitting', 'queued', 'running')
                   ORDER BY s.task_id, s.subtask_id
                     FOR UPDATE OF s LOOP
@@ -742,13 +784,24 @@ BEGIN
              WHERE task_id = d.task_id AND subtask_id = d.subtask_id;
             UPDATE subtask_attempts SET outcome = 'revoked', error = 'executor quarantined: ' || q.reason
              WHERE task_id = d.task_id AND subtask_id = d.subtask_id AND lease_token = d.lease_token
-               AND outcome = 'done';
+               AND outcome IN ('done', 'unchecked');
             INSERT INTO task_progress_slots AS p (task_id, slot, closed, failed, records_done)
             VALUES (d.task_id, pg_backend_pid(), -1, 0, -d.records)
             ON CONFLICT (task_id, slot) DO UPDATE
                SET closed = p.closed - 1, records_done = p.records_done - d.records;
+            UPDATE tasks SET embedding_dimension = NULL
+             WHERE id = d.task_id AND embedding_dimension IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM subtasks x WHERE x.task_id = d.task_id AND x.state = 'done');
             n := n + 1;
         END LOOP;
+        -- Tasks that ended with its results (after the revokes: a task that ended meanwhile is warned).
+        INSERT INTO task_quarantine_warnings (task_id, executor_id, subtasks, reason)
+        SELECT a.task_id, q.id, count(*), q.reason
+          FROM subtask_attempts a JOIN tasks t ON t.id = a.task_id
+         WHERE a.executor_id = q.id AND a.outcome IN ('done', 'unchecked')
+           AND t.status IN ('completed', 'failed', 'cancelled')
+         GROUP BY a.task_id
+        ON CONFLICT (task_id, executor_id) DO UPDATE SET subtasks = excluded.subtasks, reason = excluded.reason;
         UPDATE executors SET quarantine_settled = true WHERE id = q.id;
     END LOOP;
     RETURN n;

@@ -373,3 +373,61 @@ async def test_a_quarantine_flagged_by_a_vote_is_settled_apart(database_url: str
     assert await conn.fetchval("SELECT quarantine_settled FROM executors WHERE id = $1", liar) is True
     assert await conn.fetchval("SELECT minion_settle_quarantines()") == 0
     await conn.close()
+
+
+async def test_a_result_committed_unchecked_is_revoked_by_its_quarantine(database_url: str) -> None:
+    conn, task_id, (a, _b, _c) = await _cluster(database_url, subtasks=2)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    await conn.execute("UPDATE subtask_checks SET held_at = now() - interval '1 hour'")
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 1
+    assert await conn.fetchval(STATE, task_id, lease["subtask_id"]) == "done"
+    assert await conn.fetchval("SELECT minion_quarantine_executor($1, 'drill')", a) == 1
+    assert await conn.fetchval(STATE, task_id, lease["subtask_id"]) == "pending"
+    await conn.close()
+
+
+async def test_a_replica_of_another_length_votes_against_a_pinned_liar(database_url: str) -> None:
+    """A trusted liar's unchecked 5-element vectors fix the task's length; an honest replica of 384
+    elements is compared and votes (never refused), the liar loses the quorum, and its quarantine
+    gives the task's length back with its revoked results."""
+    conn, task_id, (liar, b, c) = await _cluster(database_url, share=0.0, subtasks=3)
+    await conn.execute("SET minions.quarantine_after = '1'")
+    complete = "SELECT minion_complete($1, 1, 0.01, NULL, NULL, NULL, NULL, $2)"
+    vote = "SELECT minion_check_vote($1, 1, 0.01, NULL, NULL, NULL, NULL, $2, $3::smallint)"
+    [first] = await _claim(conn, liar)
+    assert await conn.fetchval(complete, first["lease_token"], 5) == "ok"  # unchecked: share 0
+    await conn.execute("SET minions.spot_check_share = '1'")
+    [lease] = await _claim(conn, liar)
+    assert await conn.fetchval(complete, lease["lease_token"], 5) == "held"
+    [r1] = await _claim(conn, b)
+    assert await conn.fetchval(complete, r1["lease_token"], 384) == "replica"  # compared, not refused
+    assert await conn.fetchval(vote, r1["lease_token"], 384, None) == "disputed"
+    [r2] = await _claim(conn, c)
+    assert await conn.fetchval(vote, r2["lease_token"], 384, 2) == "agreed"
+    assert await conn.fetchval("SELECT quarantined_at IS NOT NULL FROM executors WHERE id = $1", liar)
+    # The agreed 384-element result did not fit the liar's 5: the subtask runs again.
+    assert await conn.fetchval(STATE, task_id, lease["subtask_id"]) == "pending"
+    await conn.fetchval("SELECT minion_settle_quarantines()")
+    assert await conn.fetchval(STATE, task_id, first["subtask_id"]) == "pending"  # revoked
+    assert await conn.fetchval("SELECT embedding_dimension FROM tasks WHERE id = $1", task_id) is None
+    await conn.close()
+
+
+async def test_an_untrusted_executors_backup_is_held(database_url: str) -> None:
+    """A new executor's first results are all checked, a straggler backup's too."""
+    conn, task_id, (a, b, _c) = await _cluster(database_url, share=0.0, subtasks=4)
+    await conn.execute("SET minions.trust_agreements = '5'")
+    await conn.execute("UPDATE executors SET trusted = true WHERE id = $1", a)
+    for lease in await _claim(conn, a, 3):
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
+    [straggler] = await _claim(conn, a)
+    await conn.execute("UPDATE subtasks SET leased_at = now() - interval '1 hour' WHERE lease_token = $1",
+                       straggler["lease_token"])
+    backup = await conn.fetchval("SELECT minion_claim_backup($1, capabilities, team::text, 4) FROM executors"
+                                 " WHERE id = $1", b)
+    assert backup is not None
+    assert await conn.fetchval(COMPLETE, backup) == "held"
+    assert await conn.fetchval(STATE, task_id, straggler["subtask_id"]) == "checking"
+    assert await conn.fetchval(COMPLETE, straggler["lease_token"]) == "lost"
+    await conn.close()
