@@ -1,6 +1,8 @@
 """The web UI in a real browser (Debian's Chromium, driven by Playwright) against the real services
 as processes and test executors over HTTP: sign in, a rejected then an accepted submission, a task
-watched from running to completed, the results preview and download, the executors page.
+watched from running to completed, the results preview and download, the executors page. Then the
+trust spot checks earn (sql/400), shown on the executors page and on a task whose results a
+quarantine put in doubt.
 
 Each page is saved as a full-page screenshot under test-artifacts/screenshots/ for review."""
 
@@ -17,7 +19,8 @@ import aiohttp
 import pytest
 import yarl
 
-from minions.testing.factories import make_tokens
+from minions.db.connect import connect
+from minions.testing.factories import make_executor, make_task, make_token, make_tokens
 from minions.testing.processes import Services
 from minions.testing.sleep_executor import SleepExecutor
 
@@ -30,6 +33,8 @@ if importlib.util.find_spec("playwright") is None:
     pytest.skip(f"browser tests need the playwright package; {ENABLE}", allow_module_level=True)
 
 from playwright.async_api import Page, async_playwright, expect  # noqa: E402
+
+from tests.support.api import running_api  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -310,3 +315,78 @@ async def _sign_out(page: Page) -> None:
     await page.get_by_role("button", name="Sign out").click()
     await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     assert await page.evaluate("localStorage.getItem('minions.token')") is None
+
+
+async def _trust_scenario(database_url: str) -> None:
+    """Executors of four owners (sql/400, every lease checked): 'liar' commits the result of a task
+    that then completes, loses a quorum to 'honest' and 'referee' (both trusted by it), and is
+    quarantined by hand; 'newbie' has not been checked yet."""
+    conn = await connect(database_url)
+    try:
+        await conn.execute("SET minions.spot_check_share = '0'")
+        await conn.execute("SET minions.trust_agreements = '0'")
+        ids = {}
+        for name in ("liar", "honest", "referee", "newbie"):
+            _, token_id = await make_token(conn, "executor")
+            ids[name] = await make_executor(conn, token_id, name=name)
+        claim = "SELECT * FROM minion_claim_batch($1, NULL, 1) WHERE verdict = 'leased'"
+        complete = "SELECT minion_complete($1, 1, 0.01, NULL, NULL, NULL, NULL)"
+        vote = "SELECT minion_check_vote($1, 1, 0.01, NULL, NULL, NULL, NULL, NULL, $2::smallint)"
+        await make_task(conn, name="before", subtasks=1)
+        lease = await conn.fetchrow(claim, ids["liar"])
+        assert await conn.fetchval(complete, lease["lease_token"]) == "ok"
+        await conn.execute("SET minions.spot_check_share = '1'")
+        await conn.execute("SET minions.trust_agreements = '1'")
+        await make_task(conn, name="disputed", subtasks=1)
+        held = await conn.fetchrow(claim, ids["liar"])
+        assert await conn.fetchval(complete, held["lease_token"]) == "held"
+        second = await conn.fetchrow(claim, ids["honest"])
+        assert await conn.fetchval(vote, second["lease_token"], None) == "disputed"
+        third = await conn.fetchrow(claim, ids["referee"])
+        assert await conn.fetchval(vote, third["lease_token"], 2) == "agreed"
+        await conn.fetchval("SELECT minion_quarantine_executor($1, 'returned random vectors')", ids["liar"])
+    finally:
+        await conn.close()
+
+
+async def test_web_ui_shows_trust(database_url: str, tmp_path: Path) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await _trust_scenario(database_url)
+    console_errors: list[str] = []
+    async with running_api(database_url, tmp_path / "store") as api, async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await (await browser.new_context(viewport={"width": 1440, "height": 900})).new_page()
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: console_errors.append(str(e)))
+        await page.goto(f"{api.url}/")
+        await page.fill("#token", api.admin)
+        await page.get_by_role("button", name="Sign in", exact=True).click()
+        await expect(page.get_by_role("heading", name="Tasks", exact=True)).to_be_visible()
+
+        await page.get_by_role("link", name="Executors", exact=True).click()
+        liar = page.locator("tr[data-executor='liar'] .cell-trust")
+        await expect(liar).to_have_attribute("data-trust", "quarantined")
+        await expect(liar.locator(".trust")).to_have_text("QUARANTINED: returned random vectors")
+        await expect(liar.locator(".trust-counts")).to_have_text("0 agreed · 1 disagreed")
+        for name, state, counts in (("honest", "trusted", "1 agreed · 0 disagreed"),
+                                    ("referee", "trusted", "1 agreed · 0 disagreed"),
+                                    ("newbie", "checked", "0 agreed · 0 disagreed")):
+            cell = page.locator(f"tr[data-executor='{name}'] .cell-trust")
+            await expect(cell).to_have_attribute("data-trust", state)
+            await expect(cell.locator(".trust")).to_have_text(state)
+            await expect(cell.locator(".trust-counts")).to_have_text(counts)
+        await expect(page.locator(".banner-error[data-notice=quarantined]")).to_contain_text("1 executor quarantined")
+        await _shot(page, "08-executors-trust")
+
+        # The task that completed with the liar's result says so; the disputed one shows the lost quorum.
+        await page.goto(f"{api.url}/#/tasks/search/ranker/before")
+        doubt = page.locator(".banner-warning[data-warning=quarantined_results]")
+        await expect(doubt).to_contain_text("Results in doubt.")
+        await expect(doubt).to_contain_text("1 subtask result(s) came from executor")
+        await expect(page.locator(".banner-warning[data-warning=unservable]")).to_have_count(0)
+        await _shot(page, "09-task-results-in-doubt")
+        await page.goto(f"{api.url}/#/tasks/search/ranker/disputed")
+        await expect(page.locator("table.attempts-table tr[data-outcome=outvoted] .pill")).to_have_text("outvoted")
+        await expect(page.locator("table.attempts-table tr[data-outcome=agreed]")).to_have_count(1)
+        await browser.close()
+    assert not console_errors, console_errors

@@ -1,4 +1,5 @@
-// #/executors: the machines that pull work, their hardware, what they run now and what they prefer.
+// #/executors: the machines that pull work, their hardware, what they run now and what they prefer,
+// and how far their results are trusted (spot checks).
 
 import { api } from "./api.js";
 import { clear, emptyState, fmtAgo, fmtDuration, fmtInt, fmtTime, h, pill, secondsSince, stat, taskHref } from "./dom.js";
@@ -9,6 +10,7 @@ const FILTERS = [["", "All"], ["busy", "Busy"], ["idle", "Idle"], ["offline", "O
 export function executorsView(ctx) {
   let filter = ctx.params.get("status") || "";
   const statsEl = h("div.stats");
+  const noticeHost = h("div");
   const tableHost = h("div.card.table-card", h("div.loading", "Loading executors…"));
   const segmented = h("div.segmented", { role: "tablist", "aria-label": "Filter by status" },
     FILTERS.map(([value, label]) => h("button", {
@@ -26,6 +28,7 @@ export function executorsView(ctx) {
       h("div", h("h1", "Executors"),
         h("p.page-sub", "Machines that pull subtasks when they are idle. Each one runs the agent with an executor token."))),
     statsEl,
+    noticeHost,
     h("div.toolbar", segmented),
     tableHost);
 
@@ -39,6 +42,13 @@ export function executorsView(ctx) {
       stat("Idle", fmtInt(count("idle")), "waiting for work"),
       stat("Offline or lost", fmtInt(count("offline") + count("lost")), `${fmtInt(count("lost"))} lost (work taken back)`,
         { tone: count("lost") ? "red" : undefined }));
+    const quarantined = executors.filter((e) => e.trust && e.trust.quarantined_at).length;
+    clear(noticeHost, quarantined
+      ? h("div.banner.banner-error", { dataset: { notice: "quarantined" } },
+        h("strong", `${fmtInt(quarantined)} executor${quarantined === 1 ? "" : "s"} quarantined. `),
+        "Their results lost spot checks: their claims are refused and their results in open tasks run again. "
+        + "An admin lifts a quarantine with: minions executor release")
+      : null);
     const shown = executors.filter((e) => !filter || e.status === filter)
       .sort((a, b) => (ORDER[a.status] ?? 9) - (ORDER[b.status] ?? 9) || a.name.localeCompare(b.name));
     if (!shown.length) {
@@ -51,7 +61,7 @@ export function executorsView(ctx) {
       return;
     }
     clear(tableHost, h("div.table-scroll", h("table.table.executors-table",
-      h("thead", h("tr", h("th", "Executor"), h("th", "Status"), h("th", "Hardware"), h("th", "Runs"),
+      h("thead", h("tr", h("th", "Executor"), h("th", "Status"), h("th", "Trust"), h("th", "Hardware"), h("th", "Runs"),
         h("th", "Current work"), h("th", "Preferences"), h("th", "Last heartbeat"))),
       h("tbody", shown.map(row)))));
   }
@@ -78,6 +88,24 @@ export function executorsView(ctx) {
     }, reported.map((f) => f.fingerprint.replace(/^sha256:/, "").slice(0, 12)).join(", "));
   }
 
+  // Spot checks (sql/400): quarantined (with the reason), trusted (only a random share of its results
+  // is run again by another executor) or checked (every result, until it has agreed often enough).
+  function trustCell(e) {
+    const t = e.trust;
+    if (!t) return h("td.cell-trust", h("span.muted", "—"));
+    const state = t.quarantined_at ? "quarantined" : t.trusted ? "trusted" : "checked";
+    const counts = h("div.cell-sub.nowrap.trust-counts",
+      `${fmtInt(t.agreements)} agreed · ${fmtInt(t.disagreements)} disagreed`);
+    const label = {
+      quarantined: h("div.trust.trust-quarantined", { title: `quarantined ${fmtTime(t.quarantined_at)}` },
+        `QUARANTINED: ${t.quarantine_reason}`),
+      trusted: h("div.trust.trust-trusted", { title: "only a random share of its results is checked" }, "trusted"),
+      checked: h("div.trust.trust-checked", { title: "every result is checked by another executor until it has agreed often enough" },
+        "checked"),
+    }[state];
+    return h("td.cell-trust", { dataset: { trust: state } }, label, counts);
+  }
+
   function row(e) {
     const hw = e.hardware || {};
     const facts = [hw.os, hw.memory_gb ? `${hw.memory_gb} GB` : null].filter(Boolean);
@@ -88,6 +116,7 @@ export function executorsView(ctx) {
         h("div.cell-sub.nowrap", e.team ? `team ${e.team}` : "all teams", h("span.dot-sep", "·"),
           h("span", { title: fmtTime(e.registered_at) }, `joined ${fmtAgo(e.registered_at)}`))),
       h("td", pill(e.status)),
+      trustCell(e),
       // A shared executor seen with a team's token: the server sends no hardware and only this team's
       // preferences and work (other teams' are theirs to see).
       h("td.cell-hw", e.details_hidden

@@ -11,7 +11,8 @@ const MAX_SUBTASKS = 2000; // cells drawn; the counts above always cover the who
 const PAGE = 1000;
 const PREVIEW_LINES = 20;
 const ATTEMPT_ROWS = 100;
-const PROBLEM_OUTCOMES = new Set(["failed", "lost", "released", "cancelled"]);
+const PROBLEM_OUTCOMES = new Set(["failed", "lost", "released", "cancelled", "outvoted", "revoked"]);
+const WARNING_LABEL = { unservable: "Waiting. ", quarantined_results: "Results in doubt. " };
 const STATES = ["done", "leased", "pending", "failed", "cancelled"];
 const STATE_LABEL = { done: "Done", leased: "Running", pending: "Pending", failed: "Failed", cancelled: "Cancelled" };
 
@@ -148,9 +149,11 @@ export function taskView(ctx, team, project, name) {
           title: finished ? "Download every result as JSON lines" : "Download the results committed so far",
           onclick: (e) => download(e.currentTarget),
         }, finished ? "Download results" : "Download partial")));
-    // Warnings (e.g. no online executor serves the task's model) say why a task does not move.
+    // Warnings say why a task does not move (no online executor serves its model) or why some of its
+    // results are in doubt (their executor was quarantined after the task ended).
     const warnings = (task.warnings || []).map((w) =>
-      h("div.banner.banner-warning", { dataset: { warning: w.code } }, h("strong", "Waiting. "), w.message));
+      h("div.banner.banner-warning", { dataset: { warning: w.code } },
+        h("strong", WARNING_LABEL[w.code] || "Warning. "), w.message));
     if (task.error) {
       clear(errorHost, h("div.banner.banner-error", h("strong", task.status === "failed" ? "Task failed. " : "Error. "), task.error), ...warnings);
     } else {
