@@ -410,7 +410,8 @@ async def test_trust_views_and_panels(database_url: str) -> None:
         async def run(title: str, team: str) -> list[asyncpg.Record]:
             ctx = QueryContext(time_from=now - timedelta(hours=6), time_to=now + timedelta(minutes=5),
                                variables={"team": [team]})
-            return await conn.fetch(expand(panels[title]["targets"][0]["rawSql"], ctx))
+            rows: list[asyncpg.Record] = await conn.fetch(expand(panels[title]["targets"][0]["rawSql"], ctx))
+            return rows
 
         disagreements = await run("Disagreements by executor", "search")
         top = disagreements[0]
