@@ -49,6 +49,7 @@ bench: install
 	$(PY) bench/drain_ceiling.py --subtasks 6000 --runs 5
 	$(PY) bench/api_floor.py --runs 3
 	$(PY) bench/embed_system.py --sentences 2000 --rounds 3
+	$(PY) bench/spot_checks.py --runs 4 --fresh-runs 2
 	$(PY) bench/idle_pollers.py --executors 1000 --wait-s 5 --cycles 3
 	$(PY) bench/results.py --subtasks 10000 --records 20 --rounds 3
 	$(PY) bench/kept_input_slices.py --runs 5
