@@ -135,7 +135,14 @@ class OutputRef(Struct, kw_only=True):
     url: Annotated[str, Meta(description="Presigned PUT of the whole output.")]
 
 
-class LeasedSubtask(Struct, kw_only=True):
+class CheckRef(Struct, kw_only=True):
+    outputs: Annotated[list[str], Meta(description=(
+        "The results of other executors that this lease checks (JSONL each, in the order they were held). "
+        "An executor that can verify them (a proof of generation) answers, per record, the first whose proof "
+        "holds, as it is; else its own result."))]
+
+
+class LeasedSubtask(Struct, kw_only=True, omit_defaults=True):
     team: str
     project: str
     task_name: str
@@ -146,6 +153,8 @@ class LeasedSubtask(Struct, kw_only=True):
     params: dict[str, Any]
     input: InputRef
     output: OutputRef
+    check: Annotated[CheckRef | None, Meta(description=(
+        "Present on a spot check's replica of a completion task: the results it checks."))] = None
 
     @property
     def label(self) -> str:

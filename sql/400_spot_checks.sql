@@ -6,7 +6,10 @@
 -- subtask moves to 'checking' (open: its task cannot end). A replica of a checking subtask is a
 -- backup row taken by another executor (one that produced none of its candidates; another API token
 -- wherever one could run it) of the task's fingerprint; to the executor it is a lease like any
--- (`backup` false: nothing tells it that it is checking another's work). A lost or released replica
+-- (`backup` false: nothing tells an embedding executor that it is checking another's work; a
+-- completion replica is sent the held results, `check`, to verify their proofs of generation
+-- with a prefill pass instead of generating, answering a result whose proof holds as it is, so
+-- that the two agree). A lost or released replica
 -- deletes its row, which re-offers the subtask. The API compares the replica's verified output with
 -- the candidates (services/api/spot_check.py: embeddings by cosine per record, greedy completions by
 -- text similarity, sleep by ids) and hands its verdict to minion_check_vote:
@@ -25,7 +28,8 @@
 -- What is never checked: a lease no other executor could replicate now (online within the lease
 -- timeout, not quarantined, serving its capability, of its task's fingerprint, of its team: the
 -- executors a replica claim would serve), so a lone executor's results commit as before; and a
--- sampled completion (temperature not 0: two honest runs differ). A check that cannot finish (its
+-- sampled completion (temperature not 0: two honest runs differ) without proofs of generation (an
+-- Ollama backend's). A check that cannot finish (its
 -- replicas keep failing, or every executor that could run one left) ends after
 -- minions.spot_check_wait_s (minion_settle_stale_checks, the watchdog's sweep): a lone candidate
 -- commits unchecked (its attempt says so), a dispute runs again from the queue.
@@ -137,6 +141,16 @@ CREATE FUNCTION minion_checkable(p_kind text, p_params jsonb) RETURNS boolean LA
     SELECT p_kind <> 'completion'
         OR CASE WHEN jsonb_typeof(p_params -> 'temperature') = 'number'
                 THEN (p_params ->> 'temperature')::numeric = 0 ELSE false END
+$$;
+
+-- Whether p_executor's results of capability p_cap carry proofs of generation that another executor
+-- of the same fingerprint verifies with a prefill pass (its transformers completion backend,
+-- agents/macos/runners/completion_proof.py): then even a sampled completion can be checked. Ollama
+-- exposes no hidden states: its sampled completions cannot be.
+CREATE FUNCTION minion_executor_proves(p_executor uuid, p_cap text) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT p_cap LIKE 'completion:%'
+       AND EXISTS (SELECT 1 FROM executor_fingerprints f
+                    WHERE f.executor_id = p_executor AND f.capability = p_cap AND f.backend = 'transformers')
 $$;
 
 -- Whether an executor may be trusted: agreed often enough, and (serving a model) reported what it loaded.
@@ -356,7 +370,8 @@ END $$;
 -- `backup` false); and the leases won that are chosen for a check are marked (check_token), in one
 -- UPDATE when the share may choose any: all of an executor not trusted, else each with its team's
 -- share (minions.spot_check_team_shares) or minions.spot_check_share; only checkable ones
--- (minion_checkable) that another executor could replicate now (minion_replica_executors).
+-- (minion_checkable, or a sampled completion with proofs: minion_executor_proves) that another
+-- executor could replicate now (minion_replica_executors).
 -- Otherwise as before.)
 CREATE OR REPLACE FUNCTION minion_claim_batch(p_executor uuid, p_token_id bigint, p_max integer,
                                               p_backup_factor double precision DEFAULT 0)
@@ -421,7 +436,7 @@ BEGIN
              WHERE s.lease_token = ANY (won) AND t.id = s.task_id
                AND random() < CASE WHEN share >= 1 THEN 2
                                    ELSE coalesce(minion_team_spot_check_share(s.team::text, team_shares), share) END
-               AND minion_checkable(t.kind, t.params)
+               AND (minion_checkable(t.kind, t.params) OR minion_executor_proves(p_executor, s.capability))
                AND EXISTS (SELECT 1 FROM minion_replica_executors(s.capability, s.team::text, t.fingerprint,
                                                                   ARRAY[p_executor]));
         END IF;

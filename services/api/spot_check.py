@@ -31,7 +31,7 @@ def spot_check_session(settings: Settings) -> dict[str, str]:
                 for item in settings.spot_check_team_shares.split(",") if item.strip())}
 
 
-async def _bytes_of(store: ObjectStore, row: Any) -> bytes:
+async def held_bytes(store: ObjectStore, row: Any) -> bytes:
     """A held (or this call's) verified result: kept in the row, or its result object (checked)."""
     if row["result_data"] is not None:
         return bytes(row["result_data"])
@@ -52,9 +52,9 @@ async def vote(pool: Any, store: ObjectStore, settings: Settings, token: uuid.UU
     agrees_with = None
     if held:
         try:
-            mine = await _bytes_of(store, mine_row)
+            mine = await held_bytes(store, mine_row)
             for row in held:
-                theirs = await _bytes_of(store, row)
+                theirs = await held_bytes(store, row)
                 limits = (settings.spot_check_min_cosine, settings.spot_check_min_similarity)
                 same = (outputs_agree(kind, mine, theirs, *limits) if len(mine) + len(theirs) <= COMPARE_ON_LOOP
                         else await asyncio.to_thread(outputs_agree, kind, mine, theirs, *limits))

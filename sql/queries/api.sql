@@ -249,3 +249,12 @@ SELECT minion_set_executor_fingerprints($1, $2::jsonb);
 -- result came from an executor now quarantined; $4 the caller's token. task_id NULL: nothing to
 -- verify (subtasks 0), or the name is taken (subtasks -1).
 SELECT * FROM minion_verify_task($1, $2, $3, $4);
+
+-- name: replica_checks
+-- The held results each of the leases $1 checks, in round order: none for a lease that is not a
+-- spot check's replica (sql/400). Sent with a completion replica, to verify their proofs.
+SELECT b.lease_token, c.round, c.result_key, c.result_sha256, c.result_bytes, c.result_data
+  FROM subtask_backups b
+  JOIN subtask_checks c ON c.task_id = b.task_id AND c.subtask_id = b.subtask_id
+ WHERE b.lease_token = ANY ($1::uuid[])
+ ORDER BY b.lease_token, c.round;

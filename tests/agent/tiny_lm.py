@@ -23,8 +23,9 @@ def _sentences(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))).capitalize() + "." for _ in range(n)]
 
 
-def build(folder: Path, chat_template: str | None = None) -> Path:
-    """Save a tokenizer and model to `folder` (AutoTokenizer/AutoModelForCausalLM load it)."""
+def build(folder: Path, chat_template: str | None = None, seed: int = 0) -> Path:
+    """Save a tokenizer and model to `folder` (AutoTokenizer/AutoModelForCausalLM load it); `seed`
+    draws the random weights (another seed: another model over the same tokenizer)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -41,7 +42,7 @@ def build(folder: Path, chat_template: str | None = None) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     if chat_template is not None:
         fast.chat_template = chat_template
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast),
         hidden_size=64,

@@ -67,7 +67,8 @@ def _noisy(vector: np.ndarray, cosine: float) -> list[float]:
     return [float(x) for x in out / np.linalg.norm(out)]
 
 
-Answer = Callable[[int, list[dict[str, Any]]], list[list[float]]]
+# Its n-th lease and that lease's records -> each record's vector, or each record's result fields.
+Answer = Callable[[int, list[dict[str, Any]]], list[Any]]
 
 
 def random_vectors(_lease: int, records: list[dict[str, Any]]) -> list[list[float]]:
@@ -96,8 +97,9 @@ class Liar:
     answers every lease it gets as `answer` says (its n-th lease, its records), shape and all right."""
 
     def __init__(self, api_url: str, token: str, fingerprint: dict[str, Any], answer: Answer = random_vectors,
-                 name: str = "liar") -> None:
+                 name: str = "liar", kind: str = "embedding") -> None:
         self.api_url, self.token, self.fingerprint, self.answer, self.name = api_url, token, fingerprint, answer, name
+        self.kind = kind
         self.executor_id = ""
         self.leases = 0
         self.refusal: dict[str, Any] | None = None
@@ -107,8 +109,9 @@ class Liar:
 
     async def register(self, session: aiohttp.ClientSession) -> None:
         async with session.post(f"{self.api_url}/api/v1/executors/register", headers=self._headers(), json={
-                "name": self.name, "hardware": {"os": "drill", "device": "cpu"}, "kinds": ["embedding"],
-                "models": [MINILM], "preferences": [], "fingerprints": [self.fingerprint]}) as reply:
+                "name": self.name, "hardware": {"os": "drill", "device": "cpu"}, "kinds": [self.kind],
+                "models": [self.fingerprint["model"]], "preferences": [],
+                "fingerprints": [self.fingerprint]}) as reply:
             assert reply.status == 201, await reply.text()
             self.executor_id = (await reply.json())["executor_id"]
 
@@ -135,7 +138,7 @@ class Liar:
             data = await self._input(session, lease["subtask"]["input"])
             records = [jsoncodec.loads(line) for line in data.splitlines() if line.strip()]
             vectors = await asyncio.to_thread(self.answer, self.leases, records)
-            output = b"".join(jsoncodec.dumps_line({"id": r["id"], "embedding": v})
+            output = b"".join(jsoncodec.dumps_line({"id": r["id"], **(v if isinstance(v, dict) else {"embedding": v})})
                               for r, v in zip(records, vectors, strict=True))
             async with session.post(f"{self.api_url}/api/v1/leases/{lease['lease']['token']}/complete",
                                     headers=self._headers(),
@@ -243,3 +246,50 @@ async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again
             # It earned trust honestly, then was outvoted; what it committed in the open task was revoked.
             assert by_outcome.get("outvoted", 0) >= 2 and by_outcome.get("revoked", 0) >= 1, by_outcome
             assert "done" not in by_outcome or by_outcome["done"] <= 20, by_outcome
+
+
+def forged_completions(_lease: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A liar's completions: made-up text, token counts to match, and a proof it cannot have."""
+    return [{"text": f"FORGED answer to {r['prompt']}", "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+             "proof": {"v": 1, "tokens": [5, 6, 7, 8], "steps": [[3, [0, 1, 2, 3, 4, 5, 6, 7], [1.0] * 8]]}}
+            for r in records]
+
+
+async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url: str, tmp_path: Path) -> None:
+    """Sampled completions (the default temperature) cannot be compared by replication: two honest runs
+    differ. Two real agents on the transformers backend commit proofs of generation with each result,
+    and a replica verifies them with a prefill pass; a liar that answers made-up text with a made-up
+    proof is outvoted and quarantined, and none of its texts is committed."""
+    from tests.agent import tiny_lm
+
+    model = str(await asyncio.to_thread(tiny_lm.build, tmp_path / "tiny"))
+    records = [{"id": i, "prompt": f"the machine number {i} is"} for i in range(40)]
+    async with cluster(database_url, tmp_path, extra_env={
+            "MINIONS_SPOT_CHECK_SHARE": "0.02", "MINIONS_TRUST_AGREEMENTS": "5",
+            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
+        for name in ("lm-1", "lm-2"):
+            c.agent("--threads", "1", "--completion-backend", "transformers", "--model", model, name=name,
+                    kinds=("completion",))
+        await c.registered("lm-1", "lm-2", timeout_s=120)
+        honest = next(e for e in await c.client.executors() if e["name"] == "lm-1")
+        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == model]
+        liar_token, _ = await make_token(c.conn, "executor")
+        liar = Liar(c.services.api_url, liar_token, fingerprint, forged_completions, kind="completion")
+        async with _liar_running(liar):
+            await c.submit("sampled", "completion", records, model=model, subtask_size=2,
+                           params={"max_tokens": 12})  # the default temperature: sampled
+            task = await c.status("sampled", "completed", "failed", "cancelled", timeout_s=300)
+            assert task["status"] == "completed", task
+            results = await c.results("sampled")
+            assert len(results) == len(records)
+            assert not [r for r in results if "FORGED" in r.get("text", "")], "a forged text was committed"
+            assert all(r["proof"]["tokens"] for r in results)
+            assert liar.leases >= 2
+            listed = {e["name"]: e["trust"] for e in await c.client.executors()}
+            assert listed[LIAR]["quarantined_at"], listed
+            assert all(listed[n]["quarantined_at"] is None and listed[n]["agreements"] > 0
+                       for n in ("lm-1", "lm-2")), listed
+            done = await c.conn.fetchval(
+                """SELECT count(*) FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
+                    WHERE e.name = $1 AND a.outcome = 'done'""", LIAR)
+            assert done == 0

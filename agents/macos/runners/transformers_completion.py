@@ -9,6 +9,12 @@ device and precision): the seed is set before each batch, and a batch draws its 
 one random stream, so a record's text also depends on which records share its batch; it is not
 the text the same seed gives that record alone, nor what Ollama gives. Stopping (owner back, lease
 lost) is checked between decoding steps, so it never waits for a batch to finish.
+
+Every result carries a proof of its generation (completion_proof.py): the generated token ids and,
+every 32 tokens, the largest coordinates of the hidden state that produced one. A lease that checks
+another executor's results (`check`: a spot check's replica) verifies their proofs with one prefill
+pass per record instead of generating: a record whose proof holds is answered with that result as it
+is (so the two agree), any other is generated here (so they do not).
 """
 
 from __future__ import annotations
@@ -28,13 +34,16 @@ from minions.agents.macos.runners.completion import (
     output_record,
     record_messages,
 )
+from minions.agents.macos.runners.completion_proof import StepTops, check_proof
 from minions.agents.macos.runners.model_identity import ModelIdentities
 from minions.agents.macos.runners.torch_setup import TorchSettings
+from minions.logging import get_logger
 
 # Records generated together per device when the agent sets no generation_batch_size. Decoding is
 # bound by reading the weights once per step, so rows are nearly free until compute saturates;
 # these stay modest because the KV cache grows with rows x tokens on the owner's machine.
 DEFAULT_BATCH_SIZE = {"cpu": 16, "mps": 32, "cuda": 64}
+log = get_logger(__name__)
 
 
 def build_prompt(tokenizer: Any, record: Record, system: str | None) -> tuple[str, bool]:
@@ -90,6 +99,9 @@ class TransformersCompletionRunner:
         params = CompletionParams.parse(subtask.params)
         for record in records:
             record_messages(record, params.system)  # reject bad records before loading anything
+        if subtask.check is not None:
+            held = [_lines(output) for output in subtask.check.outputs]
+            return await self._thread.call(lambda stop: self.verify(model, records, params, held, stop))
         return await self._thread.call(lambda stop: self.generate(model, records, params, stop))
 
     def batch_size(self) -> int:
@@ -116,12 +128,51 @@ class TransformersCompletionRunner:
             for start in range(0, len(order), size):
                 check_stop(stop)
                 batch = order[start : start + size]
-                generated = self._batch(torch, loaded, [prompts[i] for i in batch], params, criteria)
+                generated, tops = self._batch(torch, loaded, [prompts[i] for i in batch], params, criteria)
                 check_stop(stop)  # a stopped batch's outputs are cut short: never hand them in
-                for i, tokens in zip(batch, generated, strict=True):
+                for row, (i, tokens) in enumerate(zip(batch, generated, strict=True)):
                     text = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
-                    outputs[i] = output_record(records[i], text, len(prompts[i]), len(tokens))
+                    outputs[i] = {**output_record(records[i], text, len(prompts[i]), len(tokens)),
+                                  "proof": tops.proof(row, tokens)}
         return outputs
+
+    def verify(
+        self,
+        model_name: str,
+        records: list[Record],
+        params: CompletionParams,
+        held: list[list[Record]],
+        stop: threading.Event | None = None,
+    ) -> list[Record]:
+        """Blocking: each record's first held result (in round order) whose proof holds, as it is; the
+        others generated here."""
+        torch = torch_setup.prepare(self._settings)
+        loaded = self._load(model_name)
+        temperature = DEFAULT_TEMPERATURE if params.temperature is None else float(params.temperature)
+
+        def decode(tokens: list[int]) -> str:
+            return str(loaded.tokenizer.decode(tokens, skip_special_tokens=True))
+
+        outputs: list[Record | None] = [None] * len(records)
+        with torch.inference_mode():
+            for i, record in enumerate(records):
+                check_stop(stop)
+                prompt = self._prompt_ids(loaded.tokenizer, record, params)
+                for round_, lines in enumerate(held, start=1):
+                    line = lines[i] if i < len(lines) else None
+                    if line is None or line.get("id") != record.get("id") or "error" in line:
+                        continue
+                    why = check_proof(torch, loaded.model, prompt, line, decode, temperature)
+                    if why is None:
+                        outputs[i] = line
+                        break
+                    log.info("proof_refused", record=str(record.get("id")), round=round_, why=why)
+        missing = [i for i, out in enumerate(outputs) if out is None]
+        if missing:
+            for i, out in zip(missing, self.generate(model_name, [records[i] for i in missing], params, stop),
+                              strict=True):
+                outputs[i] = out
+        return [out for out in outputs if out is not None]
 
     def _prompt_ids(self, tokenizer: Any, record: Record, params: CompletionParams) -> list[int]:
         text, special = build_prompt(tokenizer, record, params.system)
@@ -129,8 +180,9 @@ class TransformersCompletionRunner:
 
     def _batch(
         self, torch: Any, loaded: _LoadedLM, prompts: list[list[int]], params: CompletionParams, criteria: Any
-    ) -> list[list[int]]:
-        """The new tokens of each prompt (up to its first end of sequence), generated together."""
+    ) -> tuple[list[list[int]], StepTops]:
+        """The new tokens of each prompt (up to its first end of sequence), generated together, and
+        what their proofs are made of."""
         model = loaded.model
         pad = _pad_id(loaded.tokenizer, model)
         width = max(len(p) for p in prompts)
@@ -145,16 +197,17 @@ class TransformersCompletionRunner:
             sampling = {"do_sample": True, "temperature": temperature}
         if params.seed is not None:
             torch.manual_seed(params.seed)  # same seed, same batch, same text: see the module docstring
-        generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
-            pad_token_id=pad,
-            stopping_criteria=criteria,
-            **sampling,
-        )
+        with StepTops(torch, model) as tops:
+            generated = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=params.max_tokens or DEFAULT_MAX_TOKENS,
+                pad_token_id=pad,
+                stopping_criteria=criteria,
+                **sampling,
+            )
         eos = model.generation_config.eos_token_id
-        return [_until_eos(row[width:], eos) for row in generated.tolist()]
+        return [_until_eos(row[width:], eos) for row in generated.tolist()], tops
 
     def _load(self, name: str) -> _LoadedLM:
         if self._loaded is not None and self._loaded.name == name:
@@ -200,3 +253,18 @@ def _stop_criteria(stop: threading.Event | None) -> Any:
             return torch.full((input_ids.shape[0],), event.is_set(), dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([StopWhenAsked()])
+
+
+def _lines(output: str) -> list[Record]:
+    """A held result's lines (JSONL); a line that is not an object counts as none."""
+    import orjson
+
+    lines: list[Record] = []
+    for line in output.splitlines():
+        if line.strip():
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                value = None
+            lines.append(value if isinstance(value, dict) else {})
+    return lines

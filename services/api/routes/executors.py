@@ -15,6 +15,7 @@ from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
+from minions.services.api import spot_check
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object, path_uuid, query_float, query_int
@@ -259,7 +260,9 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
             # The claim's statement read every kept range (minion_kept_input sees what the claim saw):
             # none means the task was deleted meanwhile, as when a store read fails.
             raise StoreError("the kept input of a task claimed is gone")
-        leases = await asyncio.gather(*(_lease(request, row, data) for row, data in zip(rows, inputs, strict=True)))
+        checks = await _replica_checks(request, rows)
+        leases = await asyncio.gather(*(_lease(request, row, data, checks.get(row["lease_token"]))
+                                        for row, data in zip(rows, inputs, strict=True)))
     except (StoreError, ConnectionResetError):
         # The claim committed but the executor cannot be told: hand it back now rather than leave
         # it to the watchdog (the executor keeps heartbeating).
@@ -281,7 +284,28 @@ def _input_url_s(request: web.Request) -> float:
     return request.app[CLUSTER].lease_timeout_s + request.app[SETTINGS].input_url_margin_s
 
 
-async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol.Lease:
+async def _replica_checks(request: web.Request, rows: list[Any]) -> dict[Any, protocol.CheckRef]:
+    """What each completion lease that is a spot check's replica checks: the held results, whose
+    proofs of generation it verifies instead of generating (agents' transformers backend). Other
+    kinds are compared as they come, and are not told."""
+    tokens = [row["lease_token"] for row in rows if row["kind"] == "completion"]
+    if not tokens:
+        return {}
+    held: dict[Any, list[str]] = {}
+    store = request.app[STORE]
+    for row in await request.app[POOL].fetch(Q.replica_checks, tokens):
+        try:
+            output = await spot_check.held_bytes(store, row)
+        except StoreError as exc:  # ResultCorrupted included
+            # Not readable: not sent; the replica generates its own result, compared as any.
+            log.warning("held_result_unreadable", lease=str(row["lease_token"]), error=str(exc))
+            continue
+        held.setdefault(row["lease_token"], []).append(output.decode())
+    return {token: protocol.CheckRef(outputs=outputs) for token, outputs in held.items()}
+
+
+async def _lease(request: web.Request, row: Any, data: bytes | None,
+                 check: protocol.CheckRef | None = None) -> protocol.Lease:
     store = request.app[STORE]
     lifetime = max(URL_LIFETIME_S, 2 * request.app[CLUSTER].lease_timeout_s)
     start, end = row["byte_start"], row["byte_end"]
@@ -298,6 +322,7 @@ async def _lease(request: web.Request, row: Any, data: bytes | None) -> protocol
                                                               _input_url_s(request)),
                                     range=[start, end], records=row["records"], data=_as_text(data)),
             output=protocol.OutputRef(url=await store.presign_put(row["output_key"], lifetime)),
+            check=check,
         ),
     )
 
