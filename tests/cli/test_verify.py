@@ -5,8 +5,6 @@ changed (exit 1). A task with nothing suspect says so (exit 0); an open task is 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import math
 from typing import Any
@@ -18,7 +16,7 @@ from minions import jsoncodec
 from minions.testing.factories import make_token
 from minions.testing.waiting import eventually
 from tests.cli.conftest import Cli
-from tests.e2e.test_spot_checks_drill import Liar, random_vectors
+from tests.e2e.test_spot_checks_drill import Liar, random_vectors, running
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 FINGERPRINT = {"model": MODEL, "fingerprint": "d" * 40, "precision": "fp32", "backend": "test"}
@@ -39,26 +37,13 @@ async def _post(cli: Cli, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         return resp.status, jsoncodec.loads(await resp.read())
 
 
-@contextlib.asynccontextmanager
-async def _executor(cli: Cli, liar: Liar):  # type: ignore[no-untyped-def]
-    async with aiohttp.ClientSession() as session:
-        await liar.register(session)
-        task = asyncio.create_task(liar.run(session))
-        try:
-            yield liar
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 async def test_verify_reruns_a_quarantined_executors_results_and_lists_what_changed(cli: Cli) -> None:
     conn = await asyncpg.connect(cli.services.database_url)
     try:
         liar_token, _ = await make_token(conn, "executor")
         honest_token, _ = await make_token(conn, "executor")
         liar = Liar(cli.services.api_url, liar_token, FINGERPRINT, random_vectors, name="liar")
-        async with _executor(cli, liar):
+        async with running(liar):
             status, _ = await _post(cli, "/api/v1/tasks", {
                 "team": "search", "project": "ranker", "name": "suspect", "kind": "embedding", "model": MODEL,
                 "subtask_size": 2, "input": {"records": [{"id": i, "text": f"sentence {i}"} for i in range(6)]}})
@@ -83,7 +68,7 @@ async def test_verify_reruns_a_quarantined_executors_results_and_lists_what_chan
         await conn.execute("SELECT minion_quarantine_executor(id, 'outvoted in a drill') FROM executors"
                            " WHERE name = 'liar'")
         honest = Liar(cli.services.api_url, honest_token, FINGERPRINT, honest_vectors, name="honest")
-        async with _executor(cli, honest):
+        async with running(honest):
             checked = await cli.run("verify", "search/ranker/suspect")
         assert checked.returncode == 1, (checked.stdout, checked.stderr)
         assert "6 record(s) re-run, 0 agree, 6 differ (below cosine 0.999)" in checked.stdout, checked.stdout

@@ -149,7 +149,9 @@ class Liar:
 
 
 @contextlib.asynccontextmanager
-async def _liar_running(liar: Liar) -> AsyncIterator[asyncio.Task[None]]:
+async def running(liar: Liar) -> AsyncIterator[asyncio.Task[None]]:
+    """The hostile executor registered and claiming (its loop a task of this event loop) while the
+    block runs."""
     async with aiohttp.ClientSession() as session:
         await liar.register(session)
         task = asyncio.create_task(liar.run(session))
@@ -163,17 +165,9 @@ async def _liar_running(liar: Liar) -> AsyncIterator[asyncio.Task[None]]:
 
 async def test_a_liar_among_honest_agents_is_caught_and_quarantined(database_url: str, tmp_path: Path) -> None:
     reference = asyncio.get_running_loop().run_in_executor(None, _reference)
-    async with cluster(database_url, tmp_path, extra_env={
-            "MINIONS_SPOT_CHECK_SHARE": "0.02", "MINIONS_TRUST_AGREEMENTS": "5",
-            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
-        for name in ("honest-1", "honest-2"):
-            c.agent("--threads", "1", "--precision", "fp32", "--model", MINILM, name=name, kinds=("embedding",))
-        await c.registered("honest-1", "honest-2", timeout_s=120)
-        honest = next(e for e in await c.client.executors() if e["name"] == "honest-1")
-        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == MINILM]
-        liar_token, _ = await make_token(c.conn, "executor")  # another owner
-        liar = Liar(c.services.api_url, liar_token, fingerprint)
-        async with _liar_running(liar):
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.02")) as c:
+        liar = await _beside_two_agents(c, LIAR, random_vectors, "--precision", "fp32")
+        async with running(liar):
             await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=5)
             task = await c.status("drill", "completed", "failed", "cancelled", timeout_s=300)
             assert task["status"] == "completed", task
@@ -208,6 +202,23 @@ async def test_a_liar_among_honest_agents_is_caught_and_quarantined(database_url
             assert LIAR not in {a["executor"] for a in attempts}
 
 
+def _settings(share: str) -> dict[str, str]:
+    return {"MINIONS_SPOT_CHECK_SHARE": share, "MINIONS_TRUST_AGREEMENTS": "5", "MINIONS_QUARANTINE_AFTER": "2"}
+
+
+async def _beside_two_agents(c: Any, name: str, answer: Answer, *agent_args: str,
+                             kind: str = "embedding", model: str = MINILM) -> Liar:
+    """Two honest agents of one token running `agent_args`, registered, and a hostile executor of
+    another token named `name` that reports their fingerprint and answers as `answer` says."""
+    for agent in ("honest-1", "honest-2"):
+        c.agent("--threads", "1", *agent_args, "--model", model, name=agent, kinds=(kind,))
+    await c.registered("honest-1", "honest-2", timeout_s=120)
+    honest = next(e for e in await c.client.executors() if e["name"] == "honest-1")
+    [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == model]
+    token, _ = await make_token(c.conn, "executor")  # another owner
+    return Liar(c.services.api_url, token, fingerprint, answer, name=name, kind=kind)
+
+
 def _assert_sentence_transformers(results: dict[Any, list[float]], expected: np.ndarray,
                                   records: list[dict[str, Any]]) -> None:
     assert len(results) == len(records)
@@ -220,17 +231,9 @@ async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again
                                                                                   tmp_path: Path) -> None:
     reference = asyncio.get_running_loop().run_in_executor(None, _reference)
     sleeper_answer = await asyncio.to_thread(Sleeper, 20)
-    async with cluster(database_url, tmp_path, extra_env={
-            "MINIONS_SPOT_CHECK_SHARE": "0.25", "MINIONS_TRUST_AGREEMENTS": "5",
-            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
-        for name in ("honest-1", "honest-2"):
-            c.agent("--threads", "1", "--precision", "fp32", "--model", MINILM, name=name, kinds=("embedding",))
-        await c.registered("honest-1", "honest-2", timeout_s=120)
-        honest = next(e for e in await c.client.executors() if e["name"] == "honest-1")
-        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == MINILM]
-        sleeper_token, _ = await make_token(c.conn, "executor")
-        sleeper = Liar(c.services.api_url, sleeper_token, fingerprint, sleeper_answer, name="sleeper")
-        async with _liar_running(sleeper):
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.25")) as c:
+        sleeper = await _beside_two_agents(c, "sleeper", sleeper_answer, "--precision", "fp32")
+        async with running(sleeper):
             await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=2)
             task = await c.status("drill", "completed", "failed", "cancelled", timeout_s=300)
             assert task["status"] == "completed", task
@@ -264,18 +267,10 @@ async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url:
 
     model = str(await asyncio.to_thread(tiny_lm.build, tmp_path / "tiny"))
     records = [{"id": i, "prompt": f"the machine number {i} is"} for i in range(40)]
-    async with cluster(database_url, tmp_path, extra_env={
-            "MINIONS_SPOT_CHECK_SHARE": "0.02", "MINIONS_TRUST_AGREEMENTS": "5",
-            "MINIONS_QUARANTINE_AFTER": "2"}) as c:
-        for name in ("lm-1", "lm-2"):
-            c.agent("--threads", "1", "--completion-backend", "transformers", "--model", model, name=name,
-                    kinds=("completion",))
-        await c.registered("lm-1", "lm-2", timeout_s=120)
-        honest = next(e for e in await c.client.executors() if e["name"] == "lm-1")
-        [fingerprint] = [f for f in honest["fingerprints"] if f["model"] == model]
-        liar_token, _ = await make_token(c.conn, "executor")
-        liar = Liar(c.services.api_url, liar_token, fingerprint, forged_completions, kind="completion")
-        async with _liar_running(liar):
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.02")) as c:
+        liar = await _beside_two_agents(c, LIAR, forged_completions, "--completion-backend", "transformers",
+                                        kind="completion", model=model)
+        async with running(liar):
             await c.submit("sampled", "completion", records, model=model, subtask_size=2,
                            params={"max_tokens": 12})  # the default temperature: sampled
             task = await c.status("sampled", "completed", "failed", "cancelled", timeout_s=300)
@@ -288,7 +283,7 @@ async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url:
             listed = {e["name"]: e["trust"] for e in await c.client.executors()}
             assert listed[LIAR]["quarantined_at"], listed
             assert all(listed[n]["quarantined_at"] is None and listed[n]["agreements"] > 0
-                       for n in ("lm-1", "lm-2")), listed
+                       for n in ("honest-1", "honest-2")), listed
             done = await c.conn.fetchval(
                 """SELECT count(*) FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
                     WHERE e.name = $1 AND a.outcome = 'done'""", LIAR)

@@ -13,8 +13,10 @@ const PREVIEW_LINES = 20;
 const ATTEMPT_ROWS = 100;
 const PROBLEM_OUTCOMES = new Set(["failed", "lost", "released", "cancelled", "outvoted", "revoked"]);
 const WARNING_LABEL = { unservable: "Waiting. ", quarantined_results: "Results in doubt. " };
-const STATES = ["done", "leased", "pending", "failed", "cancelled"];
-const STATE_LABEL = { done: "Done", leased: "Running", pending: "Pending", failed: "Failed", cancelled: "Cancelled" };
+// checking: completed once, its result held until a spot check's replica agrees.
+const STATES = ["done", "checking", "leased", "pending", "failed", "cancelled"];
+const STATE_LABEL = { done: "Done", checking: "Checking", leased: "Running", pending: "Pending", failed: "Failed",
+  cancelled: "Cancelled" };
 
 export function taskView(ctx, team, project, name) {
   const path = taskPath(team, project, name);
