@@ -529,10 +529,10 @@ def _paths() -> dict[str, Schema]:
                                "project: the same input ranges, kind, params, and the model pinned to the "
                                "task's fingerprint. Compare its results with the task's by record id "
                                "(`minions verify` does).",
-                "requestBody": _json_body(_object({
+                "requestBody": _json_body({"type": "object", "additionalProperties": False, "properties": {
                     "all": {"type": "boolean", "default": False, "description": "Every done subtask."},
                     "name": _name("verification task's name (default: `<name>-verify-<6 hex>`)"),
-                }), "What to run again (an empty body: only the quarantined executors' results).",
+                }}, "What to run again (an empty body: only the quarantined executors' results).",
                     required=False),
                 "responses": _responses(
                     {"201": {"description": "The verification task and how many subtasks it runs.",
@@ -541,6 +541,7 @@ def _paths() -> dict[str, Schema]:
                     _ok(_object({"task": {"type": "object", "nullable": True, "enum": [None]},
                                  "subtasks": {"type": "integer", "enum": [0]}}), "Nothing to verify."),
                     _AUTHED, **task_errors,
+                    e400="The body is not a JSON object.",
                     e409="The task has not ended (`task_not_finished`), or the name is taken (`task_exists`).",
                     e422="Unknown fields, `all` not a boolean, or `name` not a name."),
             },
