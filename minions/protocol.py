@@ -70,6 +70,9 @@ class ModelFingerprint(Struct, kw_only=True):
         "Ollama: `sha256:<digest>`."))]
     precision: Annotated[str, Meta(pattern=_LABEL, description="fp32, bf16, fp16, or the backend's own.")] | None = None
     backend: Annotated[str, Meta(pattern=_LABEL, description="transformers, ollama, ...")] | None = None
+    proofs: Annotated[int, Meta(ge=1, le=100, description=(
+        "The version of the proofs of generation its completions carry (absent: none): then its sampled "
+        "completions can be spot-checked."))] | None = None
 
 
 class ExecutorRegistration(Struct, kw_only=True):

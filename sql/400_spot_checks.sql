@@ -120,6 +120,11 @@ ALTER TABLE executors
     ADD CONSTRAINT executors_quarantined_untrusted CHECK (quarantined_at IS NULL OR NOT trusted);
 CREATE INDEX executors_quarantine_unsettled ON executors (id) WHERE NOT quarantine_settled;
 
+-- The version of the proofs of generation an executor's results of a capability carry, as it
+-- registered (NULL: none; an agent from before proofs reports none, so its sampled completions
+-- are not checked and nobody expects proofs from it).
+ALTER TABLE executor_fingerprints ADD COLUMN proofs smallint CHECK (proofs > 0);
+
 -- A trust setting: the session's minions.<name>, else the default.
 CREATE FUNCTION minion_trust_setting(p_name text, p_default double precision) RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -144,13 +149,13 @@ CREATE FUNCTION minion_checkable(p_kind text, p_params jsonb) RETURNS boolean LA
 $$;
 
 -- Whether p_executor's results of capability p_cap carry proofs of generation that another executor
--- of the same fingerprint verifies with a prefill pass (its transformers completion backend,
--- agents/macos/runners/completion_proof.py): then even a sampled completion can be checked. Ollama
--- exposes no hidden states: its sampled completions cannot be.
+-- of the same fingerprint verifies with a prefill pass (it registered `proofs`: the agent's
+-- transformers completion backend, agents/macos/runners/completion_proof.py): then even a sampled
+-- completion can be checked. Ollama exposes no hidden states: its sampled completions cannot be.
 CREATE FUNCTION minion_executor_proves(p_executor uuid, p_cap text) RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT p_cap LIKE 'completion:%'
        AND EXISTS (SELECT 1 FROM executor_fingerprints f
-                    WHERE f.executor_id = p_executor AND f.capability = p_cap AND f.backend = 'transformers')
+                    WHERE f.executor_id = p_executor AND f.capability = p_cap AND f.proofs IS NOT NULL)
 $$;
 
 -- Whether an executor may be trusted: agreed often enough, and (serving a model) reported what it loaded.
@@ -700,8 +705,12 @@ BEGIN
                                       outcome, records, seconds)
         VALUES (s.task_id, s.subtask_id, s.attempts, b.executor_id, p_token, b.leased_at, 'agreed',
                 p_records, p_seconds);
-        -- The quorum stands whatever happens to the result: the loser is blamed.
-        PERFORM minion_executors_voted(ARRAY[w.executor_id, b.executor_id],
+        -- The quorum stands whatever happens to the result: the loser is blamed. A completion replica
+        -- was shown the held results to verify their proofs (it could echo them without work), so its
+        -- agreement earns it nothing: trust comes from one's own results agreed with.
+        PERFORM minion_executors_voted(ARRAY[w.executor_id]
+                                       || CASE WHEN s.capability LIKE 'completion:%' THEN '{}'::uuid[]
+                                               ELSE ARRAY[b.executor_id] END,
                                        CASE WHEN l.lease_token IS NULL THEN '{}'::uuid[] ELSE ARRAY[l.executor_id] END,
                                        s.task_id, s.subtask_id);
         IF l.lease_token IS NOT NULL THEN
@@ -906,7 +915,8 @@ CREATE TRIGGER subtask_checks_notify AFTER INSERT ON subtask_checks
 CREATE TRIGGER subtask_backups_notify_replica AFTER DELETE ON subtask_backups
     FOR EACH ROW EXECUTE FUNCTION minion_notify_replica_wanted();
 
--- (Replaces 392's: a registration that changes the executor's fingerprints resets its trust.)
+-- (Replaces 392's: a registration that changes the executor's fingerprints, or the proofs it makes,
+-- resets its trust.)
 CREATE OR REPLACE FUNCTION minion_set_executor_fingerprints(p_executor uuid, p_fingerprints jsonb) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -915,19 +925,21 @@ DECLARE
     held jsonb;
     oldest_kept timestamptz;
 BEGIN
-    SELECT coalesce(jsonb_agg(jsonb_build_array(x.capability, x.model, x.fingerprint, x.precision, x.backend)
+    SELECT coalesce(jsonb_agg(jsonb_build_array(x.capability, x.model, x.fingerprint, x.precision, x.backend,
+                                                x.proofs)
                               ORDER BY x.capability), '[]')
       INTO fresh
       FROM (SELECT DISTINCT ON (minion_capability(k, f.value ->> 'model'))
                    minion_capability(k, f.value ->> 'model') AS capability, f.value ->> 'model' AS model,
                    lower(f.value ->> 'fingerprint') AS fingerprint, f.value ->> 'precision' AS precision,
-                   f.value ->> 'backend' AS backend
+                   f.value ->> 'backend' AS backend, (f.value ->> 'proofs')::smallint AS proofs
               FROM jsonb_array_elements(p_fingerprints) AS f(value)
               JOIN executors e ON e.id = p_executor
              CROSS JOIN unnest(e.kinds) AS k
              WHERE k <> 'sleep'
              ORDER BY minion_capability(k, f.value ->> 'model')) x;
-    SELECT coalesce(jsonb_agg(jsonb_build_array(f.capability, f.model, f.fingerprint, f.precision, f.backend)
+    SELECT coalesce(jsonb_agg(jsonb_build_array(f.capability, f.model, f.fingerprint, f.precision, f.backend,
+                                                f.proofs)
                               ORDER BY f.capability), '[]')
       INTO held
       FROM executor_fingerprints f WHERE f.executor_id = p_executor;
@@ -939,8 +951,9 @@ BEGIN
     UPDATE executors SET agreements = 0, trusted = false WHERE id = p_executor;
     UPDATE executor_fingerprint_history SET valid_to = at WHERE executor_id = p_executor AND valid_to IS NULL;
     DELETE FROM executor_fingerprints WHERE executor_id = p_executor;
-    INSERT INTO executor_fingerprints (executor_id, capability, model, fingerprint, precision, backend)
-    SELECT p_executor, r ->> 0, r ->> 1, r ->> 2, r ->> 3, r ->> 4 FROM jsonb_array_elements(fresh) AS r;
+    INSERT INTO executor_fingerprints (executor_id, capability, model, fingerprint, precision, backend, proofs)
+    SELECT p_executor, r ->> 0, r ->> 1, r ->> 2, r ->> 3, r ->> 4, (r ->> 5)::smallint
+      FROM jsonb_array_elements(fresh) AS r;
     INSERT INTO executor_fingerprint_history (executor_id, capability, model, fingerprint, precision, backend,
                                               valid_from)
     SELECT p_executor, r ->> 0, r ->> 1, r ->> 2, r ->> 3, r ->> 4, at FROM jsonb_array_elements(fresh) AS r;

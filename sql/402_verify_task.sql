@@ -3,8 +3,9 @@
 -- A spot check catches a lying executor only in the share it checks; once caught (quarantined),
 -- its results in open tasks run again (sql/400), while tasks that ended with them only carry a
 -- warning. minion_verify_task re-runs those results as a task of their own: the same input ranges
--- (the same input object, or a copy of the kept bytes), kind, model pinned to the same fingerprint
--- (`model@fingerprint`, sql/393), params and priority, only the subtasks whose committed result
+-- (the same input object, or a copy of the kept bytes), kind, model (pinned to the same revision when
+-- the task named one; else its first lease pins it, as any task's: the original's pin may have come
+-- from the very executor in doubt), params and priority, only the subtasks whose committed result
 -- came from an executor now quarantined (or every done subtask, p_all). The caller compares the two
 -- tasks' results by record id. A verification task is a task like any: listed, cancelled, deleted
 -- as any.
@@ -37,8 +38,7 @@ BEGIN
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts, input_uri,
                        request_hash, created_by)
     VALUES (t.team, t.project, p_name, t.kind,
-            CASE WHEN t.fingerprint IS NOT NULL AND t.kind <> 'sleep' THEN t.model || '@' || t.fingerprint
-                 ELSE t.model END,
+            CASE WHEN t.fingerprint_from_revision THEN t.model || '@' || t.fingerprint ELSE t.model END,
             t.params, t.priority, t.subtask_size, t.max_attempts, t.input_uri, 'verify:' || t.request_hash,
             p_created_by)
     ON CONFLICT (team, project, name) DO NOTHING

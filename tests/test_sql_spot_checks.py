@@ -431,3 +431,31 @@ async def test_an_untrusted_executors_backup_is_held(database_url: str) -> None:
     assert await conn.fetchval(STATE, task_id, straggler["subtask_id"]) == "checking"
     assert await conn.fetchval(COMPLETE, straggler["lease_token"]) == "lost"
     await conn.close()
+
+
+async def test_sampled_completions_are_checked_where_they_carry_proofs(database_url: str) -> None:
+    """A sampled completion is checked only from an executor that registered proofs of generation,
+    and its replica (shown the held results to verify) earns no agreement by agreeing."""
+    conn = await connect(database_url)
+    await conn.execute("SET minions.spot_check_share = '1'")
+    task_id = await make_task(conn, kind="completion", model="m", subtasks=2)
+    fingerprint = "f" * 40
+    ids = []
+    for n, proofs in enumerate((1, 1, None)):
+        _, token_id = await make_token(conn, "executor")
+        executor = await make_executor(conn, token_id, name=f"lm{n}", kinds=("completion",), models=("m",))
+        entry = {"model": "m", "fingerprint": fingerprint, "precision": "fp32", "backend": "transformers",
+                 **({"proofs": proofs} if proofs else {})}
+        await conn.execute("SELECT minion_set_executor_fingerprints($1, $2::jsonb)", executor, [entry])
+        ids.append(executor)
+    proving, other_proving, plain = ids
+    [lease] = await _claim(conn, plain)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"  # no proofs: not checked
+    [lease] = await _claim(conn, proving)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    [replica] = await _claim(conn, other_proving)
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
+    agreements = dict(await conn.fetch("SELECT id, agreements FROM executors WHERE id = ANY ($1)", ids))
+    assert agreements == {proving: 1, other_proving: 0, plain: 0}
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.close()

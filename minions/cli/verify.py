@@ -1,10 +1,11 @@
 """`minions verify TASK`: a finished task's suspect results run again by others, and what changed.
 
 The server makes a verification task (POST .../verify): the subtasks whose committed result came
-from an executor quarantined since (every done subtask with --all), the same input, the model pinned
-to the task's fingerprint. This waits for it with a progress bar, then compares each re-run record
-with the task's own result by the rule a spot check uses (minions/result_agreement.py) and lists the
-records that differ. Exit 0: nothing differs; 1: some records differ or could not be re-run.
+from an executor quarantined since (every done subtask with --all), the same input, the same model
+(pinned to the revision the task named, else by its first lease, as any task's). This waits for it
+with a progress bar, then compares each re-run record with the task's own result by the rule a spot
+check uses (minions/result_agreement.py) and lists the records that differ. Exit 0: nothing differs;
+1: some records differ or could not be re-run.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ async def verify(args: argparse.Namespace) -> int:
     not_rerun = 0
     for key, again in fresh.items():
         before = kept.get(key, {})
+        if "error" in again and "error" in before:
+            continue  # failed both times: nothing to compare, nothing changed
         if "error" in again:
             not_rerun += 1
         elif not records_agree(kind, before, again, args.min_cosine, args.min_similarity):

@@ -403,6 +403,7 @@ def _response_schemas() -> dict[str, Schema]:
             "fingerprints": {"type": "array", "items": _object({
                 "model": {"type": "string"}, "fingerprint": {"type": "string"},
                 "precision": _nullable({"type": "string"}), "backend": _nullable({"type": "string"}),
+                "proofs": _nullable({"type": "integer", "minimum": 1}),
             }), "description": "What it loads for each model, as it registered; empty for an agent that reports "
                                "none (each of its models then counts as its own, `unknown:<executor id>`)."},
             "trust": _object({
@@ -526,9 +527,9 @@ def _paths() -> dict[str, Schema]:
                 "summary": "Run a finished task's suspect results again, as a task of their own",
                 "description": "The subtasks whose committed result came from an executor quarantined since "
                                "(every done subtask with `all`) run again as a new task in the same team and "
-                               "project: the same input ranges, kind, params, and the model pinned to the "
-                               "task's fingerprint. Compare its results with the task's by record id "
-                               "(`minions verify` does).",
+                               "project: the same input ranges, kind, params and model (pinned to the "
+                               "revision the task named, else by its first lease). Compare its results with "
+                               "the task's by record id (`minions verify` does).",
                 "requestBody": _json_body({"type": "object", "additionalProperties": False, "properties": {
                     "all": {"type": "boolean", "default": False, "description": "Every done subtask."},
                     "name": _name("verification task's name (default: `<name>-verify-<6 hex>`)"),

@@ -189,7 +189,8 @@ SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
                     AND ($2::text IS NULL OR s.team = $2)), '[]') AS current,
        -- What it loads for each model (sql/390); none: an agent that reports none.
        coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_object('model', f.model, 'fingerprint', f.fingerprint,
-                                                              'precision', f.precision, 'backend', f.backend))
+                                                              'precision', f.precision, 'backend', f.backend,
+                                                              'proofs', f.proofs))
                    FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints,
        -- Trust (sql/400): results agreed with and outvoted by other executors', and a quarantine.
        e.agreements, e.disagreements, e.trusted, e.quarantined_at, e.quarantine_reason

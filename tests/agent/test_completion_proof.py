@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from minions.agents.macos.runners.completion import CompletionParams
 from minions.agents.macos.runners.completion_proof import PROOF_EVERY, proof_positions
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
@@ -96,3 +97,54 @@ async def test_changed_tokens_decoded_again_fail_the_greedy_check(runner: Transf
     # The sampled line's proof is honest for its tokens, but they are not greedy.
     checked = await runner.run(subtask("completion", model, params, 1, check=[_jsonl(sampled)]), RECORDS[:1])
     assert checked == made
+
+
+async def test_crafted_proofs_are_refused_not_crashed_on(runner: TransformersCompletionRunner,
+                                                         tiny_lm_dirs: dict[str, Path]) -> None:
+    """What a liar might send instead of work: an empty completion, one cut short (a single forward
+    pass would prove it), steps of the wrong form, ids beyond any vocabulary, more tokens than the
+    task allows. Each is refused (the record generated here), none crashes the checking runner."""
+    import torch
+
+    from minions.agents.macos.runners.completion_proof import check_proof
+
+    model = str(tiny_lm_dirs["plain"])
+    params = {"temperature": 0, "max_tokens": 24}
+    [made] = await runner.run(subtask("completion", model, params, 1), RECORDS[:1])
+    loaded = runner._loaded
+    assert loaded is not None
+    prompt = runner._prompt_ids(loaded.tokenizer, RECORDS[0], CompletionParams.parse(params))
+
+    def why(line: dict[str, Any], max_tokens: int = 24) -> str | None:
+        return check_proof(torch, loaded.model, prompt, line, lambda t: loaded.tokenizer.decode(
+            t, skip_special_tokens=True), 0.0, max_tokens, {loaded.model.generation_config.eos_token_id})
+
+    assert why(made) is None
+    proof, tokens = made["proof"], made["proof"]["tokens"]
+    empty = {**made, "text": "", "usage": {**made["usage"], "completion_tokens": 0},
+             "proof": {"v": 1, "tokens": [], "steps": []}}
+    assert "a generation makes 1 to 24" in (why(empty) or "")
+    if tokens[-1] != loaded.model.generation_config.eos_token_id:
+        short = tokens[:1]
+        cut = {**made, "text": loaded.tokenizer.decode(short, skip_special_tokens=True),
+               "usage": {**made["usage"], "completion_tokens": 1},
+               "proof": {"v": 1, "tokens": short, "steps": [[0, *proof["steps"][0][1:]]]}}
+        assert "do not end where generation ends" in (why(cut) or "")
+    assert why(made, max_tokens=len(tokens) - 1) is not None  # more than the task allows
+    steps = proof["steps"]
+    for crafted in ([[float(p), i, v] for p, i, v in steps], [[p, [], []] for p, _, _ in steps],
+                    [[p, i] for p, i, _ in steps], [[p, i, [float("nan")] * len(v)] for p, i, v in steps],
+                    [[p, [i[0]] * len(i), v] for p, i, v in steps], "not a list"):
+        assert why({**made, "proof": {**proof, "steps": crafted}}) is not None, crafted
+    assert "not token ids" in (why({**made, "proof": {**proof, "tokens": [2**40, *tokens[1:]]}}) or "")
+    # Through the runner: refused lines are generated here, the honest result comes back.
+    forged = {**made, "proof": {**proof, "steps": [[float(p), i, v] for p, i, v in steps]}}
+    checked = await runner.run(subtask("completion", model, params, 1, check=[_jsonl([forged])]), RECORDS[:1])
+    assert checked == [made]
+
+
+async def test_the_runner_reports_the_proofs_it_makes(runner: TransformersCompletionRunner,
+                                                      tiny_lm_dirs: dict[str, Path]) -> None:
+    model = str(tiny_lm_dirs["plain"])
+    [report] = await runner.fingerprints([model])
+    assert report["proofs"] == 1 and report["backend"] == "transformers"

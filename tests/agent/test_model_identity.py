@@ -65,7 +65,7 @@ async def test_runners_report_what_they_load(tiny_lm_dirs: dict[str, Path], mini
         plain = str(tiny_lm_dirs["plain"])
         reports = await completion.fingerprints([plain, "org/absent"])
         assert reports == [{"model": plain, "fingerprint": model_paths.fingerprint(plain), "precision": "fp32",
-                            "backend": "transformers"}]
+                            "backend": "transformers", "proofs": 1}]  # proofs of generation, version 1
         assert (await embedding.fingerprints([minilm_path]))[0]["precision"] == "fp32"  # forced: known before load
         auto = EmbeddingRunner(TorchSettings(device="cpu"))
         assert (await auto.fingerprints([minilm_path]))[0]["precision"] is None  # auto: chosen at load

@@ -233,8 +233,10 @@ async def test_the_api_takes_fingerprints_pins_model_at_revision_and_shows_each_
             "name": "old", "kinds": ["embedding"], "models": ["m"]})  # an agent from before fingerprints
         assert old.status == 201, old.body
         listed = {e["name"]: e["fingerprints"] for e in (await api.call("GET", "/api/v1/executors")).body["executors"]}
-        assert listed == {"a": [{"model": "m", "fingerprint": FP_A, "precision": "bf16", "backend": "transformers"}],
-                          "b": [{"model": "m", "fingerprint": FP_B, "precision": "fp32", "backend": None}],
+        assert listed == {"a": [{"model": "m", "fingerprint": FP_A, "precision": "bf16", "backend": "transformers",
+                                 "proofs": None}],
+                          "b": [{"model": "m", "fingerprint": FP_B, "precision": "fp32", "backend": None,
+                                 "proofs": None}],
                           "old": []}
         await api.call("POST", f"/api/v1/executors/{old.body['executor_id']}/deregister", token="executor")
 

@@ -23,6 +23,7 @@ pins and is a decoding the model allows; not that it came from this exact random
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -61,6 +62,9 @@ class StepTops:
         self._handle: Any = None
 
     def __enter__(self) -> StepTops:
+        if self._head is None:  # no LM head module to hook: no proofs, generation as before
+            return self
+
         def keep(_module: Any, args: tuple[Any, ...]) -> None:
             state = args[0][:, -1, :].detach().float()
             idx = self._torch.topk(state.abs(), min(PROOF_TOP_K, state.shape[-1]), dim=-1).indices
@@ -70,7 +74,8 @@ class StepTops:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
 
     def proof(self, row: int, tokens: Sequence[int]) -> dict[str, Any]:
         """The proof of row `row`'s generated `tokens` (end of sequence included): step j made token j."""
@@ -99,17 +104,35 @@ def final_states(model: Any) -> Iterator[list[Any]]:
 
 
 def check_proof(torch: Any, model: Any, prompt: Sequence[int], record: dict[str, Any], decode: Any,
-                temperature: float) -> str | None:
-    """Why `record` (`text`, `usage`, `proof`) is not what the model generated from `prompt`; None
-    when it holds. One prefill pass over prompt and tokens, on the caller's thread."""
+                temperature: float, max_tokens: int, eos: set[int]) -> str | None:
+    """Why `record` (`text`, `usage`, `proof`) is not what the model generated from `prompt` under
+    `temperature` and `max_tokens`; None when it holds. One prefill pass over prompt and tokens (at
+    most max_tokens), on the caller's thread. Anything malformed is a reason, never an exception."""
+    try:
+        return _check(torch, model, prompt, record, decode, temperature, max_tokens, eos)
+    except Exception as exc:  # a crafted proof must not crash the checker: it is refused
+        return f"the proof cannot be checked ({type(exc).__name__})"
+
+
+def _check(torch: Any, model: Any, prompt: Sequence[int], record: dict[str, Any], decode: Any,
+           temperature: float, max_tokens: int, eos: set[int]) -> str | None:
     proof = record.get("proof")
     if not isinstance(proof, dict) or proof.get("v") != PROOF_VERSION:
         return "no proof of generation"
     tokens, steps = proof.get("tokens"), proof.get("steps")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
-        return "the proof's tokens are not token ids"
-    if not isinstance(steps, list) or [s[0] if isinstance(s, list) and s else None for s in steps] \
-            != proof_positions(len(tokens)):
+    head = model.get_output_embeddings()
+    vocab = head.weight.shape[0] if head is not None else 0
+    if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
+        return "the proof's tokens are not token ids of the model"
+    # What generation hands in: at least one token, and it stops at the first end of sequence or at
+    # max_tokens, nowhere else (a result cut short would prove little for little work).
+    if not tokens or len(tokens) > max_tokens:
+        return f"{len(tokens)} tokens: a generation makes 1 to {max_tokens}"
+    if any(t in eos for t in tokens[:-1]) or (tokens[-1] not in eos and len(tokens) != max_tokens):
+        return "the tokens do not end where generation ends (end of sequence, or max_tokens)"
+    if not isinstance(steps, list) or not all(isinstance(s, list) and len(s) == 3 for s in steps) \
+            or [s[0] for s in steps] != proof_positions(len(tokens)) \
+            or any(type(s[0]) is not int for s in steps):
         return "the proof does not commit the positions it must"
     usage = record.get("usage") or {}
     if usage.get("completion_tokens", len(tokens)) != len(tokens) or usage.get("prompt_tokens", len(prompt)) \
@@ -117,47 +140,45 @@ def check_proof(torch: Any, model: Any, prompt: Sequence[int], record: dict[str,
         return "the usage counts are not the proof's"
     if decode(tokens) != record.get("text"):
         return "the text is not the decoding of the proof's tokens"
-    if not tokens:
-        return None
-    vocab = model.get_output_embeddings().weight.shape[0]
-    if max(tokens) >= vocab:
-        return "a token id is outside the model's vocabulary"
-    states, logits = _prefill(torch, model, list(prompt) + list(tokens))
-    start = len(prompt) - 1  # the state at the last prompt token produced the first new token
+    states, logits = _prefill(torch, model, list(prompt), list(tokens))
+    width = states.shape[-1]
+    k = min(PROOF_TOP_K, width)
     for position, indices, values in steps:
-        if not (isinstance(indices, list) and isinstance(values, list) and len(indices) == len(values)
-                and all(isinstance(i, int) and 0 <= i < states.shape[-1] for i in indices)
-                and all(isinstance(v, (int, float)) for v in values)):
+        if not (isinstance(indices, list) and isinstance(values, list) and len(indices) == k == len(values)
+                and len(set(indices)) == k and all(type(i) is int and 0 <= i < width for i in indices)
+                and all(type(v) in (int, float) and math.isfinite(v) for v in values)):
             return f"position {position}: malformed proof step"
-        state = states[start + position].float()
+        state = states[position].float()
         own, _ = _top(torch, state)
-        if len(set(own) & set(indices)) < MIN_OVERLAP * len(indices):
+        if len(set(own) & set(indices)) < MIN_OVERLAP * k:
             return f"position {position}: the hidden state's largest coordinates are not the proof's"
         committed = torch.tensor([float(v) for v in values])
-        recomputed = state[torch.tensor(indices, device=state.device)].cpu()
+        recomputed = state[torch.tensor(indices, dtype=torch.long, device=state.device)].cpu()
         scale = float(committed.abs().mean()) or 1.0
         if float((recomputed - committed).abs().mean()) > MAX_VALUE_ERROR * scale:
             return f"position {position}: the hidden state's values are not the proof's"
-    predicted = logits[start : start + len(tokens)]
-    wanted = torch.tensor(tokens, device=predicted.device)
+    wanted = torch.tensor(tokens, device=logits.device)
     if temperature <= 0:
-        share = float((predicted.argmax(dim=-1) == wanted).float().mean())
+        share = float((logits.argmax(dim=-1) == wanted).float().mean())
         if share < MIN_GREEDY:
             return f"only {share:.0%} of the tokens are the model's greedy choice"
     else:
-        chance = torch.softmax(predicted.float() / temperature, dim=-1).gather(-1, wanted[:, None])
+        chance = torch.softmax(logits.float() / temperature, dim=-1).gather(-1, wanted[:, None])
         share = float((chance >= MIN_SAMPLED_P).float().mean())
         if share < MIN_SAMPLED:
             return f"only {share:.0%} of the tokens are likely enough at temperature {temperature:g}"
     return None
 
 
-def _prefill(torch: Any, model: Any, ids: list[int]) -> tuple[Any, Any]:
-    """One forward pass over `ids`: the final hidden state (the LM head's input) and the logits at
-    every position ([length, hidden], [length, vocab])."""
+def _prefill(torch: Any, model: Any, prompt: list[int], tokens: list[int]) -> tuple[Any, Any]:
+    """One forward pass over prompt and tokens: at each generated position j, the final hidden state
+    that produced token j (the LM head's input at the position before it) and the logits there
+    ([len(tokens), hidden], [len(tokens), vocab]): logits for those positions only, never the
+    prompt's (a long prompt times a large vocabulary is gigabytes)."""
     import inspect
 
-    every = {"logits_to_keep": 0} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    ids = torch.tensor([prompt + tokens[:-1]], device=model.device)  # the last token produces nothing
+    keep = {"logits_to_keep": len(tokens)} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with final_states(model) as caught:
-        logits = model(input_ids=torch.tensor([ids], device=model.device), **every).logits[0]
-    return caught[-1][0], logits
+        logits = model(input_ids=ids, **keep).logits[0]
+    return caught[-1][0][-len(tokens):], logits[-len(tokens):]

@@ -34,7 +34,7 @@ from minions.agents.macos.runners.completion import (
     output_record,
     record_messages,
 )
-from minions.agents.macos.runners.completion_proof import StepTops, check_proof
+from minions.agents.macos.runners.completion_proof import PROOF_VERSION, StepTops, check_proof
 from minions.agents.macos.runners.model_identity import ModelIdentities
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.logging import get_logger
@@ -86,7 +86,8 @@ class TransformersCompletionRunner:
         chosen = self._settings.precision
         if chosen == "auto":
             chosen = "fp16" if torch_setup.half_precision(self._settings.device) else "fp32"
-        return await self._thread.call(lambda stop: self._identities.reports(models, lambda model: chosen))
+        reports = await self._thread.call(lambda stop: self._identities.reports(models, lambda model: chosen))
+        return [{**report, "proofs": PROOF_VERSION} for report in reports]
 
     async def advertised_models(self) -> list[str]:
         return []  # only the models named in the agent's configuration
@@ -132,8 +133,9 @@ class TransformersCompletionRunner:
                 check_stop(stop)  # a stopped batch's outputs are cut short: never hand them in
                 for row, (i, tokens) in enumerate(zip(batch, generated, strict=True)):
                     text = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
-                    outputs[i] = {**output_record(records[i], text, len(prompts[i]), len(tokens)),
-                                  "proof": tops.proof(row, tokens)}
+                    outputs[i] = output_record(records[i], text, len(prompts[i]), len(tokens))
+                    if tops.steps:  # none for a model without an LM head module to hook
+                        outputs[i]["proof"] = tops.proof(row, tokens)
         return outputs
 
     def verify(
@@ -162,7 +164,8 @@ class TransformersCompletionRunner:
                     line = lines[i] if i < len(lines) else None
                     if line is None or line.get("id") != record.get("id") or "error" in line:
                         continue
-                    why = check_proof(torch, loaded.model, prompt, line, decode, temperature)
+                    why = check_proof(torch, loaded.model, prompt, line, decode, temperature,
+                                      params.max_tokens or DEFAULT_MAX_TOKENS, _eos_ids(loaded.model))
                     if why is None:
                         outputs[i] = line
                         break
@@ -228,6 +231,11 @@ def _pad_id(tokenizer: Any, model: Any) -> int | None:
         return int(tokenizer.pad_token_id)
     eos = model.generation_config.eos_token_id
     return int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
+
+
+def _eos_ids(model: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def _until_eos(tokens: list[int], eos: int | list[int] | None) -> list[int]:

@@ -55,8 +55,9 @@ def _strings(value: Any, field: str, errors: dict[str, str], limit: int = 256) -
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}\Z")  # a precision or a backend name
 
 
-def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list[dict[str, str | None]]:
-    """What the executor loaded for each model it serves: [{model, fingerprint, precision?, backend?}]
+def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list[dict[str, Any]]:
+    """What the executor loaded for each model it serves: [{model, fingerprint, precision?, backend?,
+    proofs?}]
     (docs/API.md). Absent (an agent from before fingerprints): none, and each model it serves counts
     as its own fingerprint ('unknown:<executor id>', sql/390)."""
     if value is None:
@@ -83,10 +84,13 @@ def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list
             label = entry.get(key)
             if label is not None and (not isinstance(label, str) or not LABEL.match(label)):
                 errors[f"{where}.{key}"] = "must be 1-32 characters of [A-Za-z0-9._-], or absent"
+        proofs = entry.get("proofs")
+        if proofs is not None and (type(proofs) is not int or not 1 <= proofs <= 100):
+            errors[f"{where}.proofs"] = "must be the version of the proofs of generation it makes (1-100), or absent"
         if isinstance(model, str):
             seen.add(model)
         found.append({"model": model, "fingerprint": fingerprint, "precision": entry.get("precision"),
-                      "backend": entry.get("backend")})
+                      "backend": entry.get("backend"), "proofs": proofs})
     return found
 
 

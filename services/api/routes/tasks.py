@@ -243,7 +243,7 @@ async def verify_task(request: web.Request) -> web.Response:
     body = await json_object(request, optional=True, limit=4096)
     unknown = sorted(set(body) - {"all", "name"})
     every = body.get("all", False)
-    name = body.get("name") or f"{row['name'][:48]}-verify-{secrets.token_hex(3)}"
+    name = body.get("name", f"{row['name'][:48]}-verify-{secrets.token_hex(3)}")
     errors = {**{k: "unknown field" for k in unknown},
               **({"all": "must be true or false"} if not isinstance(every, bool) else {}),
               **({"name": NAME_RULE} if not isinstance(name, str) or not is_name(name) else {})}
