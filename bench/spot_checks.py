@@ -1,4 +1,4 @@
-"""What replicated spot checks cost (issue 26, item 5): throughput with the default share against share 0,
+"""What replicated spot checks cost: throughput with the default share against share 0,
 on the same run, the same database and the same agents.
 
     python bench/spot_checks.py [--runs 4] [--sentences 2000] [--subtask-size 50] [--sleep-subtasks 400]

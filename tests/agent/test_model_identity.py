@@ -1,4 +1,4 @@
-"""Which model the agent serves under each name (issue 26, item 2): the Hugging Face commit of the
+"""Which model the agent serves under each name: the Hugging Face commit of the
 snapshot it loads, else a SHA-256 over the model folder's files, Ollama's digest; reported at
 registration with the precision and backend, and never served as another model than reported."""
 

@@ -132,7 +132,7 @@ async def test_wait_json_duration_and_a_closed_pipe(cli: Cli) -> None:
 
 
 async def test_executors_show_trust_and_an_admin_releases_a_quarantine(cli: Cli) -> None:
-    """Issue 26, item 4: `minions executors` shows each executor's trust, and `minions executor release`
+    """`minions executors` shows each executor's trust, and `minions executor release`
     lifts a quarantine (sql/400)."""
     async with aiohttp.ClientSession() as session, session.post(
             f"{cli.services.api_url}/api/v1/executors/register", headers={"Authorization": f"Bearer {cli.executor}"},

@@ -1,4 +1,4 @@
-"""Issue 26, item 3 with real agents: every subtask checked (MINIONS_SPOT_CHECK_SHARE=1), two agent
+"""Spot checks with real agents: every subtask checked (MINIONS_SPOT_CHECK_SHARE=1), two agent
 processes of two tokens run a sleep task; each result is held until the other agent's replica (a
 backup lease to the agent, heartbeated like any) agrees, and the task completes with every subtask
 agreed once, nothing held, nobody quarantined."""

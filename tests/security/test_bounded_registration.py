@@ -1,4 +1,4 @@
-"""Issue 25, item 4: registration is bounded. A `hardware` object is at most a few KB (its JSON; a
+"""Registration is bounded. A `hardware` object is at most a few KB (its JSON; a
 body over 1 MiB is not even decoded), one
 executor token holds at most MINIONS_MAX_EXECUTORS_PER_TOKEN executor names and adds at most
 MINIONS_REGISTRATIONS_PER_MINUTE new ones a minute (429 with Retry-After past it), enforced in the
@@ -35,7 +35,7 @@ async def test_a_hardware_object_over_the_cap_is_refused_and_not_stored(database
         big = await _register(api, "big", {"os": "test", "junk": "x" * 100_000})
         assert big.status == 422, big.body
         assert big.error["fields"]["hardware"] == f"at most {MAX_HARDWARE_BYTES:,} bytes as JSON"
-        huge = await _register(api, "huge", {"os": "test", "junk": "x" * 24_000_000})  # the issue's 24 MB
+        huge = await _register(api, "huge", {"os": "test", "junk": "x" * 24_000_000})  # a 24 MB hardware object
         assert huge.status == 413 and huge.error["code"] == "too_large", huge.body
         assert f"{MAX_REGISTRATION_BYTES:,} bytes" in huge.error["message"]
         just = await _register(api, "fits", {"os": "x" * (MAX_HARDWARE_BYTES - len('{"os":""}'))})
@@ -44,7 +44,7 @@ async def test_a_hardware_object_over_the_cap_is_refused_and_not_stored(database
 
 
 async def test_the_defaults_stop_a_flood_of_new_names(database_url: str, tmp_path: Path) -> None:
-    """The issue's probe: 200 names from one token at once. Most are refused with 429, each saying
+    """A flood: 200 names from one token at once. Most are refused with 429, each saying
     when to come back; the token can still register each name it holds, and another token is free."""
     async with running_api(database_url, tmp_path / "store") as api:
         per_minute = api.settings.registrations_per_minute

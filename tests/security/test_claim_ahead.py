@@ -1,4 +1,4 @@
-"""Issue 25 item 9: claim-ahead strands no more work than the subtasks' duration calls for.
+"""Claim-ahead strands no more work than the subtasks' duration calls for.
 
 A pipelined agent claims the next subtasks while one runs; every lease it holds is work a Mac that
 vanishes strands until the lease timeout. The agent's own loop (tests/agent/test_agent_loop.py's

@@ -1,4 +1,4 @@
-"""Issue 25, item 5: MINIONS_MAX_CONNECTIONS_PER_IP holds per address across the API's workers, not
+"""MINIONS_MAX_CONNECTIONS_PER_IP holds per address across the API's workers, not
 per worker, and a refused connection is one warning line, not an ERROR traceback per connection.
 
 A 2-worker API (each worker binds the port with SO_REUSEPORT, so the kernel spreads connections over

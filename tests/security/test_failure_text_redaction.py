@@ -1,4 +1,4 @@
-"""Issue 25 item 7: what an executor writes about a failure leaks no secret, whichever lease it names.
+"""What an executor writes about a failure leaks no secret, whichever lease it names.
 
 An executor holds three leases of one task. It fails the first with a text that names the other two
 leases' tokens (one as written, one as 32 upper-case hex digits), an admin token and another lease's

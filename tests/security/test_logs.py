@@ -1,4 +1,4 @@
-"""Issue 8 item 10: logs that tell the truth and leak nothing (real services, real PostgreSQL).
+"""Logs that tell the truth and leak nothing (real services, real PostgreSQL).
 
 - A client that hangs up mid-stream is a client disconnect (debug), not `database_unavailable`.
 - Secrets an executor puts in a failure text (its lease token, a signed URL, an API token) reach

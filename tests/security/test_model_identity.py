@@ -1,4 +1,4 @@
-"""Issue 26, item 2: model identity pinned per task. An executor reports, per model, a fingerprint of
+"""Model identity pinned per task. An executor reports, per model, a fingerprint of
 what it loaded (docs/API.md, register); a task's fingerprint is fixed at submission (`model@revision`)
 or by its first lease (sql/391), and from then on only executors of that fingerprint lease its
 subtasks, so a task never mixes models. An executor that reports none (an older agent) is its own

@@ -1,8 +1,8 @@
-"""Issue 26, items 3 and 4: replicated spot checks with a quorum, and trust earned or lost.
+"""Replicated spot checks with a quorum, and trust earned or lost.
 
 Three executors of three API tokens, driven over HTTP against the real API and PostgreSQL: two honest
 ones that write the same vectors for each record, and a liar that writes random unit vectors of the
-right dimension (ids right, shape right: item 1's check passes them). With every subtask checked
+right dimension (ids right, shape right: the shape check at complete passes them). With every subtask checked
 (MINIONS_SPOT_CHECK_SHARE=1), each result waits for a replica by another executor; the liar's never
 gains a majority, so none of its vectors is committed; it loses two quorums, is quarantined, and its
 next claim is 403 `quarantined` with the reason. The task completes with the honest vectors only.
