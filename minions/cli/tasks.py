@@ -82,7 +82,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     q.set_defaults(handler=client_command(executor_release))
 
 
-def _task_path(value: str) -> tuple[str, str, str]:
+def task_path(value: str) -> tuple[str, str, str]:
     parts = value.split("/")
     if len(parts) != 3 or not all(parts):
         raise SystemExit(f"minions: expected TEAM/PROJECT/NAME, got {value!r}")
@@ -195,7 +195,7 @@ TASK_HEADER = ["TASK", "KIND", "MODEL", "STATUS", "RECORDS", "SUBTASKS", "CREATE
 async def status(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
         if args.task:
-            task = await client.task(*_task_path(args.task))
+            task = await client.task(*task_path(args.task))
             if args.json:
                 print(jsoncodec.dumps_str(task))
             else:
@@ -219,7 +219,7 @@ async def status(args: argparse.Namespace) -> int:
 
 async def wait(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
-        return await wait_with_progress(client, *_task_path(args.task), args.interval, quiet=args.json)
+        return await wait_with_progress(client, *task_path(args.task), args.interval, quiet=args.json)
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
@@ -271,7 +271,7 @@ def _cli_hint(exc: MinionsError) -> MinionsError:
 
 
 async def results(args: argparse.Namespace) -> int:
-    team, project, name = _task_path(args.task)
+    team, project, name = task_path(args.task)
     async with connection.client_from_args(args) as client:
         try:
             if args.output is None:
@@ -313,7 +313,7 @@ def _download_progress() -> Callable[[int, int], None]:
 
 async def cancel(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
-        task = await client.cancel(*_task_path(args.task))
+        task = await client.cancel(*task_path(args.task))
         print(jsoncodec.dumps_str(task) if args.json else f"{args.task}: {task['status']}")
     return 0
 

@@ -17,7 +17,7 @@ from typing import Any
 from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
-from minions.cli.tasks import _task_path, print_table, wait_with_progress
+from minions.cli.tasks import print_table, task_path, wait_with_progress
 from minions.result_agreement import record_score, records_agree
 from minions.sdk import MinionsClient
 
@@ -55,7 +55,7 @@ async def _results_by_id(client: MinionsClient, team: str, project: str, name: s
 
 
 async def verify(args: argparse.Namespace) -> int:
-    team, project, name = _task_path(args.task)
+    team, project, name = task_path(args.task)
     if not 0 <= args.min_similarity <= 1 or not -1 <= args.min_cosine <= 1:
         raise SystemExit("minions verify: --min-cosine is from -1 to 1 and --min-similarity from 0 to 1")
     async with connection.client_from_args(args) as client:

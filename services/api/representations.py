@@ -30,7 +30,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "pending": row["subtasks_pending"],
             "leased": row["subtasks_leased"],
             # completed once, held until a spot check agrees (sql/400)
-            "checking": row.get("subtasks_checking", 0),
+            "checking": row["subtasks_checking"],
             "done": row["subtasks_done"],
             "failed": row["subtasks_failed"],
             "cancelled": row["subtasks_cancelled"],

@@ -30,7 +30,7 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
 -- when they are kept in the database (sql/240), else NULL; $18 the team's input quota (0: none).
 -- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/010).
-SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased,
+SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased, 0::bigint AS subtasks_checking,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
        minion_task_servable(t.team, t.kind, t.model) AS servable,
