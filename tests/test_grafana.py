@@ -247,11 +247,11 @@ async def test_readonly_role_reads_views_only(database_url: str, sql: str) -> No
 
 
 async def test_role_is_created_once_per_cluster(database_url: str) -> None:
-    """The role block is idempotent: re-running the migration file's SQL in another database of the
-    same server (the role already exists) succeeds and grants again."""
+    """The role block is idempotent: re-running the schema's role and grant blocks in another database
+    of the same server (the role already exists) succeeds and grants again."""
     admin = await connect(database_url)
     try:
-        sql = (ROOT / "sql" / "050_views.sql").read_text()
+        sql = (ROOT / "sql" / "schema" / "13_grafana.sql").read_text()
         role_blocks = sql[sql.index("DO $$"):]
         await admin.execute(role_blocks)
         attrs = await admin.fetchrow(

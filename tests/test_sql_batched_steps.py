@@ -189,9 +189,9 @@ async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_p
 
 
 async def test_the_claim_carries_its_plan_settings(database_url: str) -> None:
-    """sql/250's and sql/310's settings ride on the function: a later CREATE OR REPLACE of
-    minion_claim_batch that forgot them would silently bring back a planning of every claim, or scans
-    of the whole subtasks table."""
+    """The claim's plan settings are the function's own (generic plans, no sequential scans): a
+    definition of minion_claim_batch without them would silently bring back a planning of every
+    claim, or scans of the whole subtasks table."""
     conn = await connect(database_url)
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regprocedure",
                                  "minion_claim_batch(uuid, bigint, integer, double precision)")
