@@ -11,8 +11,6 @@ import pytest
 
 from minions.db.connect import connect
 from minions.db.migrate import (
-    BASELINE,
-    LEGACY_LAST,
     MigrationError,
     SqlFile,
     apply,
@@ -75,24 +73,19 @@ async def test_a_later_migration_is_applied_once_to_a_database_built_before_it(d
         await conn.close()
 
 
-async def test_a_database_of_the_numbered_files_before_the_baseline_is_adopted(databases: TestDatabases) -> None:
-    """A database built by the numbered files that preceded sql/schema/ holds the baseline (compared
-    catalog by catalog when they were squashed): its ledger names them, and it is adopted as is."""
+async def test_a_database_of_the_numbered_files_before_the_baseline_is_refused(databases: TestDatabases) -> None:
+    """A database built by the numbered files that preceded sql/schema/ is not guessed at: refused by
+    name, with what to do, and left as it was."""
     url = await databases.empty()
     assert await migrate(url) == ["schema"]
     conn = await connect(url)
     try:
         await conn.execute("DELETE FROM minion_migrations")
-        await conn.execute("INSERT INTO minion_migrations (name, checksum) VALUES ('001_tables.sql', 'x'), ($1, 'y')",
-                           LEGACY_LAST)
-        assert await migrate(url) == [m.name for m in migration_files()[1:]]
-        assert await conn.fetchval("SELECT count(*) FROM minion_migrations WHERE name = $1", BASELINE) == 1
-        # A ledger of an older numbered schema is not the baseline: refused, nothing changed.
-        await conn.execute("DELETE FROM minion_migrations")
-        await conn.execute("INSERT INTO minion_migrations (name, checksum) VALUES ('391_claim.sql', 'x')")
-        with pytest.raises(MigrationError, match="older than the baseline"):
+        await conn.execute("INSERT INTO minion_migrations (name, checksum) VALUES ('001_tables.sql', 'x'), "
+                           "('402_verify_task.sql', 'y')")
+        with pytest.raises(MigrationError, match=r"402_verify_task\.sql.*build a new database"):
             await migrate(url)
-        assert await conn.fetchval("SELECT count(*) FROM minion_migrations") == 1
+        assert await conn.fetchval("SELECT count(*) FROM minion_migrations") == 2
     finally:
         await conn.close()
 

@@ -13,8 +13,8 @@ Two folders of `sql/`, the current schema and the way to it:
   builds both and compares their catalogs).
 
 Each applied migration's checksum is recorded: an applied file that later changed is reported, never
-silently re-applied. A database built by the numbered files that preceded this layout (`402_*.sql`
-the last of them) holds exactly the baseline, and is adopted as such."""
+silently re-applied. A database whose ledger lacks the baseline was built by the numbered files that
+preceded this layout: it is refused, never guessed at."""
 
 from __future__ import annotations
 
@@ -31,9 +31,6 @@ from minions.db.queries import Queries
 
 Q = Queries("migrate")
 BASELINE = "0000_baseline.sql"
-# The last of the numbered files a database built before sql/schema/ recorded; such a database is
-# the baseline (every object compared, catalog by catalog, when the files were squashed).
-LEGACY_LAST = "402_verify_task.sql"
 SCHEMA = "schema"
 
 
@@ -100,14 +97,10 @@ async def apply(conn: asyncpg.Connection, schema: list[SqlFile], migrations: lis
                 await _record(conn, migrations)
             return [SCHEMA]
         if BASELINE not in done:
-            if LEGACY_LAST not in done:
-                raise MigrationError(
-                    "this database was built by numbered schema files older than the baseline "
-                    f"(it lacks {LEGACY_LAST}); build a new database, or migrate it with the release that "
-                    "shipped those files first")
-            async with conn.transaction():
-                await _record(conn, migrations[:1])
-            done[BASELINE] = migrations[0].checksum
+            raise MigrationError(
+                f"this database was built by the numbered schema files older than {BASELINE} "
+                f"(its minion_migrations names {', '.join(sorted(done)[-2:])}); build a new database: "
+                "`minions up` does, in a new --data-dir")
         return await _pending(conn, migrations, done)
 
     return await _locked(conn, step)

@@ -433,6 +433,27 @@ BEGIN
     RETURN tok;
 END $$;
 
+-- A second run of a subtask in state p_state (a straggler's backup, a checking subtask's replica)
+-- for p_executor: its backup row, taken under the subtask's lock, so a completion racing with it
+-- either finishes first (skipped) or sees the row. Its token, or NULL when the subtask moved on or
+-- another executor took its second run first.
+CREATE FUNCTION minion_take_second_run(p_task_id bigint, p_subtask_id integer, p_state text, p_executor uuid)
+RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    tok uuid := gen_random_uuid();
+BEGIN
+    PERFORM 1 FROM subtasks
+      WHERE task_id = p_task_id AND subtask_id = p_subtask_id AND state = p_state
+      FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO subtask_backups (task_id, subtask_id, lease_token, executor_id)
+    VALUES (p_task_id, p_subtask_id, tok, p_executor)
+    ON CONFLICT DO NOTHING;
+    RETURN CASE WHEN FOUND THEN tok END;
+END $$;
+
 -- A backup of a straggler: a lease of a task with nothing left pending that has run longer than
 -- p_factor times the median of the task's finished attempts (at least three of them), taken only by
 -- an executor of the task's fingerprint (a backed-up task has leases, so it is pinned). The oldest
@@ -477,17 +498,8 @@ BEGIN
          ORDER BY l.leased_at
          LIMIT 4
     LOOP
-        -- Lock the subtask so a completion racing with us either finishes first (we skip it) or
-        -- sees our backup row.
-        PERFORM 1 FROM subtasks
-          WHERE task_id = cand.task_id AND subtask_id = cand.subtask_id AND state = 'leased'
-          FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tok := gen_random_uuid();
-        INSERT INTO subtask_backups (task_id, subtask_id, lease_token, executor_id)
-        VALUES (cand.task_id, cand.subtask_id, tok, p_executor)
-        ON CONFLICT DO NOTHING;
-        IF FOUND THEN
+        tok := minion_take_second_run(cand.task_id, cand.subtask_id, 'leased', p_executor);
+        IF tok IS NOT NULL THEN
             RETURN tok;
         END IF;
     END LOOP;

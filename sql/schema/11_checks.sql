@@ -151,15 +151,8 @@ BEGIN
          ORDER BY h.priority DESC, h.task_id, h.subtask_id
          LIMIT 4
     LOOP
-        PERFORM 1 FROM subtasks
-          WHERE task_id = cand.task_id AND subtask_id = cand.subtask_id AND state = 'checking'
-          FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tok := gen_random_uuid();
-        INSERT INTO subtask_backups (task_id, subtask_id, lease_token, executor_id)
-        VALUES (cand.task_id, cand.subtask_id, tok, p_executor)
-        ON CONFLICT DO NOTHING;
-        IF FOUND THEN
+        tok := minion_take_second_run(cand.task_id, cand.subtask_id, 'checking', p_executor);
+        IF tok IS NOT NULL THEN
             RETURN tok;
         END IF;
     END LOOP;
