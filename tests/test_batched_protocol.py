@@ -84,7 +84,7 @@ async def test_fifty_racers_asking_for_ten_each_lease_every_subtask_exactly_once
 @pytest.mark.parametrize("in_database", [True, False], ids=["kept-in-row", "result-object"])
 async def test_inline_input_and_output_round_trip_on_the_local_store(database_url: str, tmp_path: Path,
                                                                      in_database: bool) -> None:
-    """A small inline output is committed in its subtask's row (sql/230), no result object written;
+    """A small inline output is committed in its subtask's row (sql/schema/07_results.sql), no result object written;
     with MINIONS_RESULT_IN_DATABASE_BYTES=0 it is copied to a result object. Either way the
     results read back are the verified bytes."""
     async with running_api(database_url, tmp_path / "store", **({} if in_database else

@@ -1,4 +1,4 @@
-"""Replicated spot checks and earned trust in SQL (sql/400): the state machine a checked subtask goes
+"""Replicated spot checks and earned trust in SQL (sql/schema/11_checks.sql): the state machine a checked subtask goes
 through (held, replica, quorum), what a lost replica does, and quarantine."""
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ TEMPLATE = "minions_template"
 class TestDatabases:
     """Hands out fresh, migrated databases on one server."""
 
+    __test__ = False  # a helper, not a test class
+
     def __init__(self) -> None:
         self.server: EmbeddedPostgres | None = None
         self._root: Path | None = None
@@ -57,6 +59,17 @@ class TestDatabases:
         conn = await asyncpg.connect(self.admin_url)
         try:
             await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}_{self._prefix}")
+        finally:
+            await conn.close()
+        self._created.append(name)
+        return self.url_for(name)
+
+    async def empty(self) -> str:
+        """A new database with nothing in it (for tests of the migrator itself)."""
+        name = f"{self._prefix}_{next(self._counter)}"
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f"CREATE DATABASE {name}")
         finally:
             await conn.close()
         self._created.append(name)

@@ -1,12 +1,7 @@
--- Token lifecycle (issue 8, item 7): an optional expiry, a prefix to recognise a token by in a
--- list (the secret itself is never stored), creation and revocation as functions, and a NOTIFY on
--- `tokens` whenever a token changes, so every API process drops its cached entry at once instead of
--- serving a revoked token from its cache.
-
-ALTER TABLE api_tokens ADD COLUMN expires_at timestamptz;  -- NULL: never expires
--- The first characters of the secret ('mn_' and 5 more: 30 of its 256 random bits), shown by
--- `minions token list`. NULL for tokens made before this migration.
-ALTER TABLE api_tokens ADD COLUMN prefix text CHECK (length(prefix) <= 16);
+-- API tokens: an optional expiry, a prefix to recognise a token by in a list (the secret itself is
+-- never stored), creation and revocation as functions, and a NOTIFY on `tokens` whenever a token
+-- changes, so every API process drops its cached entry at once instead of serving a revoked token
+-- from its cache.
 
 -- A token as it may be shown: everything but its hash. status: active, expired or revoked.
 CREATE VIEW minion_tokens AS
@@ -43,6 +38,7 @@ BEGIN
     PERFORM pg_notify('tokens', OLD.id::text);
     RETURN NULL;
 END $$;
+
 CREATE TRIGGER api_tokens_notify_update AFTER UPDATE ON api_tokens
     FOR EACH ROW WHEN (OLD.revoked_at IS DISTINCT FROM NEW.revoked_at
                        OR OLD.expires_at IS DISTINCT FROM NEW.expires_at
@@ -50,5 +46,6 @@ CREATE TRIGGER api_tokens_notify_update AFTER UPDATE ON api_tokens
                        OR OLD.team IS DISTINCT FROM NEW.team
                        OR OLD.token_hash IS DISTINCT FROM NEW.token_hash)
     EXECUTE FUNCTION minion_notify_token_changed();
+
 CREATE TRIGGER api_tokens_notify_delete AFTER DELETE ON api_tokens
     FOR EACH ROW EXECUTE FUNCTION minion_notify_token_changed();

@@ -1,25 +1,12 @@
 -- Grafana's read side: views over the tables, named grafana_*, and a read-only role that can read
--- them and nothing else (not the tables, so never api_tokens or the store signing key).
+-- them and nothing else (not the tables, so never api_tokens or the store signing key). What a fleet
+-- operator watches (infra/grafana/dashboards/ and the alert rules in
+-- infra/grafana/provisioning/alerting/minions.yaml): the backlog, how long work waits, whether any
+-- executor can take it, whether the splitter and the watchdog are doing their jobs, trust.
 --
 -- Every view has a `team` column, so a dashboard filters with `team IN ($team)`. Row-level views
 -- (grafana_attempts, grafana_queue_wait, grafana_tasks) keep the raw timestamp columns, so a panel's
 -- `$__timeFilter(ended_at)` reaches the table's index; the aggregated views summarise all history.
---
--- Executors with team NULL serve every team: they appear once under each known team
--- (grafana_teams). A panel over several teams therefore counts executors with
--- count(DISTINCT executor_id), never by summing per-team counts.
---
--- Executor status is minion_executor_status (040_executors.sql): busy (holds a lease), idle
--- (heartbeat within the lease timeout), offline, lost; online = busy or idle. The lease timeout is
--- a service setting (MINIONS_LEASE_TIMEOUT_S), not in the database, so the views read it from
--- minion_settings key 'lease_timeout_s' (inserted here with the services' default, 120 s);
--- an operator who changes the services' timeout updates that row to match.
---
--- A later migration that adds a grafana_* view must GRANT SELECT on it to minions_grafana
--- (re-running the grant block at the end of this file does it for all of them).
-
-INSERT INTO minion_settings (key, value) VALUES ('lease_timeout_s', '120')
-ON CONFLICT (key) DO NOTHING;
 
 -- An error's kind, for grouping failures: ids and measurements out, whitespace folded, 80 chars.
 -- 'executor 5f0c…-… lost: no heartbeat for 131.2 s' -> 'executor <id> lost: no heartbeat for N s'.
@@ -87,7 +74,7 @@ SELECT team, device, chip, os,
  GROUP BY team, device, chip, os;
 
 -- One row per task; phase: active (submitted, splitting, queued, running), completed, failed,
--- cancelled.
+-- cancelled. Counters read through the progress slots, so they are live while the task runs.
 CREATE VIEW grafana_tasks AS
 SELECT t.team::text AS team,
        t.project::text AS project,
@@ -100,8 +87,14 @@ SELECT t.team::text AS team,
             ELSE t.status END AS phase,
        t.priority,
        t.split_records AS records,
-       t.open_subtasks,
-       t.failed_subtasks,
+       -- Scalar subqueries, not a join or minion_task_slot_sums: a view reads its tables with its
+       -- owner's rights (a function it calls runs with the reader's, and minions_grafana reads
+       -- views only), and the view stays a simple one, so writing to it is refused for want of
+       -- the privilege.
+       (t.open_subtasks - (SELECT coalesce(sum(s.closed), 0) FROM task_progress_slots s
+                            WHERE s.task_id = t.id))::integer AS open_subtasks,
+       (t.failed_subtasks + (SELECT coalesce(sum(s.failed), 0) FROM task_progress_slots s
+                              WHERE s.task_id = t.id))::integer AS failed_subtasks,
        t.created_at,
        t.started_at,
        t.finished_at,
@@ -238,11 +231,144 @@ SELECT team, executor_id, executor, device, chip, os,
   FROM grafana_attempts
  GROUP BY team, executor_id, executor, device, chip, os;
 
+CREATE VIEW grafana_executor_precision AS
+SELECT ge.team,
+       ge.executor_id,
+       ge.executor,
+       ge.device,
+       ge.chip,
+       ge.status,
+       ge.online,
+       p.value ->> 'model' AS model,
+       coalesce(p.value ->> 'precision', 'unknown') AS precision,
+       CASE WHEN jsonb_typeof(p.value -> 'cosine') = 'number'
+            THEN (p.value ->> 'cosine')::double precision END AS cosine,
+       coalesce(p.value ->> 'setting', 'auto') AS setting
+  FROM grafana_executors ge
+  JOIN executors e ON e.id = ge.executor_id
+ CROSS JOIN LATERAL jsonb_array_elements(
+           CASE WHEN jsonb_typeof(e.hardware -> 'precision') = 'array' THEN e.hardware -> 'precision'
+                ELSE '[]'::jsonb END) AS p(value)
+ WHERE jsonb_typeof(p.value) = 'object';
+
+-- Per team and capability (kind:model, as claims match it): queued work, how old the oldest of it
+-- is, and how many online executors could claim it (a shared executor serves every team, a team's
+-- own executor only its team). A subtask has no creation time of its own: its task's `created_at`
+-- is when it became due (splitting follows within seconds).
+CREATE VIEW grafana_backlog AS
+WITH settings AS (
+    SELECT coalesce((SELECT value::double precision FROM minion_settings
+                      WHERE key = 'lease_timeout_s'), 120) AS lease_timeout_s
+), queued AS (
+    SELECT s.team::text AS team, t.kind, t.model, s.capability,
+           count(*) FILTER (WHERE s.state = 'pending')::integer AS pending,
+           count(*) FILTER (WHERE s.state = 'leased')::integer AS leased,
+           min(t.created_at) FILTER (WHERE s.state = 'pending') AS oldest_pending_since
+      FROM subtasks s JOIN tasks t ON t.id = s.task_id
+     WHERE s.state IN ('pending', 'leased')
+     GROUP BY s.team, t.kind, t.model, s.capability
+), online AS (
+    SELECT e.team::text AS team, e.capabilities
+      FROM executors e
+      LEFT JOIN heartbeats h ON h.executor_id = e.id
+     CROSS JOIN settings st
+     -- Leases do not matter here (busy and idle are both online): counted as 0.
+     WHERE minion_executor_status(e.status, 0, h.alive_at, st.lease_timeout_s) IN ('busy', 'idle')
+)
+SELECT q.team, q.kind, q.model, q.capability, q.pending, q.leased, q.oldest_pending_since,
+       coalesce(extract(epoch FROM now() - q.oldest_pending_since), 0)::double precision AS oldest_pending_age_s,
+       (SELECT count(*) FROM online o
+         WHERE q.capability = ANY (o.capabilities) AND (o.team IS NULL OR o.team = q.team))::integer
+           AS online_executors
+  FROM queued q;
+
+-- One row per subtask with the span it was outstanding (due, until done, failed or cancelled;
+-- NULL while still pending or leased): the backlog at any past moment is the spans covering it.
+CREATE VIEW grafana_subtask_spans AS
+SELECT s.team::text AS team, t.kind, t.model, t.created_at AS due_at,
+       CASE WHEN s.state IN ('pending', 'leased') THEN NULL
+            ELSE coalesce(s.done_at, t.finished_at, t.created_at) END AS ended_at
+  FROM subtasks s JOIN tasks t ON t.id = s.task_id;
+
+-- The splitter and the watchdog, judged by their work: tasks submitted and still unsplit, and
+-- leases whose executor has been silent past the lease timeout (the watchdog reclaims those within
+-- a second or two; one still there a minute later means no watchdog is running).
+CREATE VIEW grafana_service_health AS
+WITH settings AS (
+    SELECT coalesce((SELECT value::double precision FROM minion_settings
+                      WHERE key = 'lease_timeout_s'), 120) AS lease_timeout_s
+)
+SELECT (SELECT count(*) FROM tasks WHERE status = 'submitted')::integer AS unsplit_tasks,
+       coalesce((SELECT extract(epoch FROM now() - min(created_at)) FROM tasks WHERE status = 'submitted'), 0)
+           ::double precision AS oldest_unsplit_age_s,
+       (SELECT count(*) FROM subtasks s LEFT JOIN heartbeats h ON h.executor_id = s.lease_executor
+         WHERE s.state = 'leased'
+           AND coalesce(h.alive_at, s.leased_at) < now() - make_interval(secs => st.lease_timeout_s))::integer
+           AS overdue_leases,
+       coalesce((SELECT extract(epoch FROM now() - min(coalesce(h.alive_at, s.leased_at)))
+                   FROM subtasks s LEFT JOIN heartbeats h ON h.executor_id = s.lease_executor
+                  WHERE s.state = 'leased'), 0)::double precision - st.lease_timeout_s AS most_overdue_s
+  FROM settings st;
+
+-- One row per executor and team it serves (a shared executor: one row under every team, as in
+-- grafana_executors); its trust and its counts are the executor's own, over every team's tasks, so a
+-- panel over several teams takes one row per executor_id. owner: its token's label ('' reads NULL).
+CREATE VIEW grafana_executor_trust AS
+WITH recent AS (
+    SELECT a.executor_id,
+           count(*) FILTER (WHERE a.outcome = 'agreed')::integer AS agreed_24h,
+           count(*) FILTER (WHERE a.outcome = 'outvoted')::integer AS outvoted_24h,
+           count(*) FILTER (WHERE a.outcome = 'revoked')::integer AS revoked_24h,
+           count(*) FILTER (WHERE a.outcome = 'unchecked')::integer AS unchecked_24h,
+           count(*) FILTER (WHERE a.outcome = 'candidate')::integer AS candidate_24h
+      FROM subtask_attempts a
+     WHERE a.outcome IN ('candidate', 'agreed', 'outvoted', 'revoked', 'unchecked')
+       AND a.ended_at >= now() - interval '24 hours'
+       AND a.executor_id IS NOT NULL
+     GROUP BY a.executor_id
+)
+SELECT t.team,
+       e.id AS executor_id,
+       e.name AS executor,
+       CASE WHEN e.team IS NULL THEN 'shared' ELSE 'team' END AS scope,
+       nullif(k.label, '') AS owner,
+       e.agreements,
+       e.disagreements,
+       e.trusted,
+       e.quarantined_at IS NOT NULL AS quarantined,
+       e.quarantined_at,
+       e.quarantine_reason,
+       CASE WHEN e.quarantined_at IS NOT NULL THEN 'quarantined'
+            WHEN e.trusted THEN 'trusted'
+            ELSE 'checked' END AS trust,
+       coalesce(r.agreed_24h, 0) AS agreed_24h,
+       coalesce(r.outvoted_24h, 0) AS outvoted_24h,
+       coalesce(r.revoked_24h, 0) AS revoked_24h,
+       coalesce(r.unchecked_24h, 0) AS unchecked_24h,
+       coalesce(r.candidate_24h, 0) AS candidate_24h
+  FROM executors e
+  JOIN api_tokens k ON k.id = e.token_id
+  LEFT JOIN recent r ON r.executor_id = e.id
+  JOIN grafana_teams t ON e.team IS NULL OR t.team = e.team::text;
+
+-- The attempts of checks per minute, per team (of the task) and outcome, over the last 24 h: a time
+-- series (`$__timeFilter("time")`).
+CREATE VIEW grafana_spot_check_outcomes AS
+SELECT date_trunc('minute', a.ended_at) AS "time",
+       t.team::text AS team,
+       a.outcome,
+       count(*)::integer AS attempts
+  FROM subtask_attempts a
+  JOIN tasks t ON t.id = a.task_id
+ WHERE a.outcome IN ('candidate', 'agreed', 'outvoted', 'revoked', 'unchecked')
+   AND a.ended_at >= now() - interval '24 hours'
+ GROUP BY 1, t.team, a.outcome;
+
 -- The read-only role Grafana logs in as. Roles are cluster-wide (several databases may share one
 -- server, and may migrate at once), so it is created only if missing, and a concurrent creation is
 -- not an error. It logs in but has no password: set one (ALTER ROLE minions_grafana PASSWORD ...)
 -- where Postgres asks for one. A migrating user that may not create roles leaves it to an operator
--- (a warning, not a failure); the grants below then wait for the next run of this block.
+-- (a warning, not a failure); the grants below then wait for an operator to create it and run them again.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'minions_grafana') THEN

@@ -7,8 +7,9 @@ BEGIN
     PERFORM pg_notify('tasks', NEW.id::text);
     RETURN NULL;
 END $$;
+
 CREATE TRIGGER tasks_notify AFTER INSERT ON tasks
-    FOR EACH ROW EXECUTE FUNCTION minion_notify_task();
+    FOR EACH ROW WHEN (NOT NEW.split_done) EXECUTE FUNCTION minion_notify_task();
 
 -- subtasks: the API wakes long-polling claims. Statement-level for inserts, so a split batch of
 -- thousands of rows is one notification per capability, not one per row.
@@ -21,6 +22,7 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END $$;
+
 CREATE TRIGGER subtasks_notify_insert AFTER INSERT ON subtasks
     REFERENCING NEW TABLE AS new_subtasks
     FOR EACH STATEMENT EXECUTE FUNCTION minion_notify_subtasks_inserted();
@@ -33,6 +35,7 @@ BEGIN
     PERFORM pg_notify('subtasks', NEW.capability);
     RETURN NULL;
 END $$;
+
 CREATE TRIGGER subtasks_notify_requeue AFTER UPDATE OF state ON subtasks
     FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state IS DISTINCT FROM 'pending')
     EXECUTE FUNCTION minion_notify_subtask_requeued();
@@ -45,5 +48,6 @@ BEGIN
     PERFORM pg_notify('heartbeats', NEW.executor_id::text || ' ' || minion_lease_count(NEW.executor_id)::text);
     RETURN NULL;
 END $$;
+
 CREATE TRIGGER heartbeats_notify AFTER INSERT OR UPDATE OF beat_at ON heartbeats
     FOR EACH ROW EXECUTE FUNCTION minion_notify_heartbeat();

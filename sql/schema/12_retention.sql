@@ -1,14 +1,11 @@
--- Issue 14 item 4: the retention job. Finished tasks older than the retention age (MINIONS_RETENTION_DAYS)
--- are deleted: their subtasks and attempt history first, a batch per call and so per transaction (a
--- 100,000-subtask task never becomes one long delete holding its rows, or one burst of WAL that a
--- standby lags behind), then the task row itself through minion_delete_task, which re-checks that it
--- is finished. The lease and backup rows of those subtasks go with them by cascade. Their input and
+-- Retention: finished tasks older than the retention age (MINIONS_RETENTION_DAYS) are deleted: their
+-- subtasks and attempt history first, a batch per call and so per transaction (a 100,000-subtask
+-- task never becomes one long delete holding its rows, or one burst of WAL that a standby lags
+-- behind), then the task row itself through minion_delete_task, which re-checks that it is
+-- finished. The lease and backup rows of those subtasks go with them by cascade. Their input and
 -- result objects become garbage, which the store's collector frees (as after `minions delete`).
 -- Running and recently finished tasks are never touched. Tasks an OpenAI batch points at are left
 -- to that adapter (openai_batches.task_id is not ON DELETE CASCADE).
-
--- The oldest finished tasks first, without reading the running ones.
-CREATE INDEX tasks_finished_at ON tasks (finished_at, id) WHERE finished_at IS NOT NULL;
 
 -- One batch: up to p_batch subtasks of the oldest expired task, or that task's row once it has no
 -- subtask left. No row: nothing is older than p_older_than (the job is done).
