@@ -1,5 +1,5 @@
 """Draining a queue of one-record sleep subtasks, every arm in one run on one embedded PostgreSQL
-(issue 11 "Must show"), alternating arm by arm, medians of the runs:
+alternating arm by arm, medians of the runs:
 
     python bench/drain.py [--subtasks 20000] [--clients 16] [--runs 3] [--arms ...]
 
@@ -18,7 +18,7 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 and through the API (the real services): POST /api/v1/tasks of a one-record inline
                 task until an executor waiting in its long-poll claim holds the lease (its record
                 kept in the database, sql/schema/08_inputs.sql; and, `submit-http-object`, written as an input
-                object as before); beside PgQueuer's enqueue -> entrypoint start (`--latency`
+                object); beside PgQueuer's enqueue -> entrypoint start (`--latency`
                 samples each). Every arm leaves the system idle IDLE_BEFORE_S before each sample
                 (the HTTP arm's executor must be waiting in its long poll): an idle machine is slower
                 to answer, so back-to-back samples in one arm only would not compare. `--queued N`:
@@ -43,7 +43,7 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 requests per ten subtasks. Results of at most MINIONS_RESULT_IN_DATABASE_BYTES (4 KiB)
                 are committed in their subtask's row (sql/schema/07_results.sql), as every result here is.
   http-batch10-objects  the same with MINIONS_RESULT_IN_DATABASE_BYTES=0: each verified result copied
-                to its own object (a file, an fsync, a rename), as before sql/schema/07_results.sql.
+                to its own object (a file, an fsync, a rename), as a result too big for its row is.
 The HTTP arms submit the task through the API (one record a subtask, split at submit), register
 their executors, then time the drain; claims use `wait=0`, so an executor stops at its first 204
 (the queue is empty), as the direct-SQL clients stop at their first empty claim. `--api-workers`
@@ -121,8 +121,8 @@ from minions.testing.processes import Services  # noqa: E402
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
 # Latency arms: the idle time before each sample, the same in every arm. On this VM a statement after
-# 20 ms of idleness took 1.3 ms longer than one back to back (an ad hoc probe, BENCHMARKS "Drain,
-# eighth round"); the HTTP arm needs the gap (its executor must be waiting in its long poll).
+# 20 ms of idleness took 1.3 ms longer than one back to back (an ad hoc probe, docs/benchmarks/drain.md
+# "Submit -> first lease"); the HTTP arm needs the gap (its executor must be waiting in its long poll).
 IDLE_BEFORE_S = 0.02
 ALL_ARMS = ("sql-baseline", "sql-new", "sql-batch10", "pgq-batch10", "pgq-batch1", "http-unbatched",
             "http-inline1", "http-batch10", "http-batch10-objects")

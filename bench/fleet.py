@@ -1,4 +1,4 @@
-"""Many simulated executors against API replicas behind HAProxy (issue 14 item 3, first version).
+"""Many simulated executors against API replicas behind HAProxy.
 
     python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20] [--balancers 2]
 

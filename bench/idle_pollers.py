@@ -1,4 +1,4 @@
-"""Statements an idle fleet costs the database (issue 11 "Must show": 1,000 idle long-pollers, at
+"""Statements an idle fleet costs the database (1,000 idle long-pollers; the target: at
 most 1 statement per executor per long-poll cycle, none while waiting).
 
     python bench/idle_pollers.py [--executors 1000] [--wait-s 5] [--cycles 3]

@@ -341,7 +341,7 @@ async def test_owner_back_releases_at_once(w: World) -> None:
 
 
 async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w: World) -> None:
-    """Issue 11: the next subtask is claimed (its input fetched) while one computes, never more than
+    """The next subtask is claimed (its input fetched) while one computes, never more than
     the bound held (2 before the agent has timed a subtask), and the owner's return hands back every
     one of them, the running and the waiting, within a second or so."""
     async with running_agent(w) as h:
@@ -371,7 +371,7 @@ async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w:
 
 
 async def test_completes_that_come_together_go_in_one_batched_request(w: World) -> None:
-    """Issue 11: while one complete is in flight, those that come meanwhile wait and go together in
+    """While one complete is in flight, those that come meanwhile wait and go together in
     one POST /api/v1/leases/complete; every subtask is done once, its output in order."""
     async with running_agent(w) as h:
         records = [{"id": i, "ms": 0} for i in range(60)]
@@ -472,8 +472,8 @@ async def test_late_complete_is_refused_and_the_agent_goes_on(
         await w.reclaim(h.executor_id)  # reclaimed meanwhile, as by the watchdog
         second = await w.submit("second", "sleep", [{"id": 2, "ms": 1}], priority=1)
         await eventually(lambda: w.status_is("second", "completed"), "the agent to go on")
-        # A small output rides inline in the complete (issue 11), refused as the lease is gone. (A
-        # large one is PUT first: its output URL died with the lease, 403 lease_ended, issue 8 item 3,
+        # A small output rides inline in the complete, refused as the lease is gone. (A large one is
+        # PUT first: its output URL died with the lease, 403 lease_ended,
         # and the agent fails the lease instead, which is refused too.) When the second finishes
         # within the agent's linger of the first, both go in one batched complete, whose answer
         # refuses the late one inside it: the attempts below show it was not committed either way.

@@ -64,7 +64,7 @@ CASES = [
           {"records": 2**31}, "executor"),
     _case("fail-error-nul", "POST", "/api/v1/leases/{token}/fail", f"/api/v1/leases/{TOKEN}/fail",
           {"error": "a\u0000b"}, "executor"),
-    # /v1 (issue 25, items 6 and 7): NUL into openai_files.id lookups; a multipart body with no boundary.
+    # /v1: NUL into openai_files.id lookups; a multipart body with no boundary.
     _case("v1-batch-file-nul", "POST", "/v1/batches", "/v1/batches",
           {"input_file_id": "file-\u0000", "endpoint": "/v1/embeddings", "completion_window": "24h"}),
     _case("v1-file-path-nul", "GET", "/v1/files/{file_id}", "/v1/files/file-%00"),

@@ -1,4 +1,4 @@
-"""Compacted results (issue 14, item 6) with real services, a real PostgreSQL and the real local store:
+"""Compacted results with real services, a real PostgreSQL and the real local store:
 parts concatenate to the per-subtask results in order; a compaction killed with SIGKILL resumes and
 loses nothing; a tampered part is an error on every read path; gc keeps what parts need and removes
 per-subtask objects only once parts are recorded; cancelled tasks keep their results."""

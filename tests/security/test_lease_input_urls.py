@@ -1,4 +1,4 @@
-"""Issue 25, item 3: a lease's input URL reads its lease's range alone, and only while it holds it.
+"""A lease's input URL reads its lease's range alone, and only while it holds it.
 
 Before, the input GET URL was signed for the whole object and lasted 12 h: after its lease was lost it
 still answered 206, and without a `Range` header it returned the whole object (600 records for a

@@ -47,8 +47,8 @@ _REFUSED = {
 _COMPLETION_RULES = {"records": f"required: a whole number from 0 to {MAX_NUMBER}",
                      "seconds": f"required: a number from 0 to {MAX_NUMBER}",
                      "output": "must be a string: the output's JSONL"}
-# Route caps (a body past one is 413 before it is decoded): a failure's text is kept to 4,000
-# characters, so a megabyte is any traceback with room to spare.
+# Route caps (a body past one is 413 before it is decoded): a failure's text is kept to
+# protocol.MAX_ERROR_CHARS, so a megabyte is any traceback with room to spare.
 # Completes carry inline outputs (up to MAX_TOKENS of MINIONS_INLINE_OUTPUT_BYTES each, escaped) and
 # keep the API's cap; every body is bounded in JSON values as well (json_bounds).
 MAX_FAILURE_BYTES = 1 << 20
@@ -86,7 +86,7 @@ async def _lease(request: web.Request, principal: Principal, raw: str, *, to_com
 
 async def _still_live(request: web.Request, lease: _Lease) -> bool:
     """Whether a lease known from its claim is still current (asked only when a check failed, so that a
-    stale lease is refused as stale, as before, not for what its output holds)."""
+    stale lease is refused as stale, not for what its output holds)."""
     return not lease.cached or await request.app[POOL].fetchrow(Q.lease_info, lease.token) is not None
 
 
@@ -271,7 +271,8 @@ async def _discard(store: ObjectStore, key: str) -> None:
 def _error_text(failure: protocol.Failure, lease: _Lease) -> str:
     # The text is the executor's, shown to the task's team in /subtasks and results: secrets in it
     # (any lease's token, a signed URL, an API token) are redacted before it is stored, logged or shown.
-    return str(without_nul(redact_failure(failure.error[:4000], known=(str(lease.token), lease.raw))))
+    text = failure.error[:protocol.MAX_ERROR_CHARS]
+    return str(without_nul(redact_failure(text, known=(str(lease.token), lease.raw))))
 
 
 def _failed(request: web.Request, lease: _Lease, verdict: str, error: str, retryable: bool) -> None:
