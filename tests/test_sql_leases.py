@@ -301,7 +301,7 @@ async def test_progress_counters_agree_with_a_recount_through_every_transition(d
 
 
 async def test_the_output_key_keeps_its_layout_and_is_folded_into_the_statement(database_url: str) -> None:
-    """sql/schema/04_tasks.sql: the key sql/schema/04_tasks.sql made with format(), from an expression the planner inlines (no call
+    """minion_output_key: the key's layout is kept, from an expression the planner inlines (no call
     of the SQL-function executor per lease)."""
     conn = await connect(database_url)
     for task_id, subtask_id, attempt in ((1, 0, 1), (9_007_199_254_740_993, 2_147_483_647, 12)):
