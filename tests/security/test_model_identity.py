@@ -97,7 +97,7 @@ async def test_a_preferred_task_and_a_straggler_backup_keep_the_pin(database_url
 async def test_an_executor_without_fingerprint_pins_nothing(database_url: str) -> None:
     """An older agent, or one that has not loaded the model yet (no fingerprint: 'unknown:<id>'), takes
     only tasks no one pinned and leaves them unpinned (minion_claim_pin_tasks): pinning the task to
-    'unknown:<id>' would make the task run on that one machine and waited forever once it was gone. It never
+    'unknown:<id>' would make the task run on that one machine and wait forever once it was gone. It never
     joins a task pinned to a reported fingerprint, and its attempts read as unknown."""
     conn, token_id = await _setup(database_url)
     old = await _executor(conn, token_id, None)
