@@ -14,10 +14,10 @@ from typing import Any
 from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
-from minions.cli.progress import ProgressBar
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
 from minions.sdk.parts import PartCorrupted
+from minions.sdk.progress import ProgressBar
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
