@@ -258,7 +258,7 @@ def check_lease_timeout(lease_timeout_s: float, heartbeat_interval_s: float) -> 
 @dataclass(frozen=True)
 class ClientSettings:
     """What a client (the CLI, the SDK, the agent) reads from its environment; empty: not given
-    (minions/cli/connection.py then looks in a local `minions up`'s up.json)."""
+    (minions/sdk/client.py `client_settings` then looks in a local `minions up`'s up.json)."""
 
     api_url: str = field(default="", metadata={"env": "MINIONS_API_URL", "help": "where clients connect"})
     token: str = field(default="", metadata={"env": "MINIONS_TOKEN", "help": "bearer token of clients"})

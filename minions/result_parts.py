@@ -29,9 +29,9 @@ from typing import Any
 import asyncpg
 
 from minions import readahead
+from minions.committed_results import VERIFY_IN_MEMORY, read_committed
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.verified_output import VERIFY_IN_MEMORY, read_committed
 from minions.store.base import ObjectStore, StoreError
 
 Q = Queries("compact")

@@ -21,11 +21,11 @@ import orjson
 import pytest
 
 from minions.db.connect import connect
-from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Lines, Subtask
 from minions.services.splitter.listener import Wakeup
 from minions.services.splitter.split import split_task
 from minions.services.splitter.worker import RetryBook, Worker, lost_connection
 from minions.store.local import LocalStore
+from minions.subtask_cutter import Cutter, IdFinder, InputError, Lines, Subtask
 from minions.testing.factories import make_executor, make_token
 from tests.support.settling import task_left_to_the_splitter
 

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from minions import jsoncodec
-from minions.services.api.output_check import OutputMismatch
-from minions.services.api.verified_output import (
+from minions.committed_results import (
     VERIFY_IN_MEMORY,
     ResultCompacted,
     ResultCorrupted,
     committed_uri,
-    copy_verified,
     read_committed,
     read_verified,
 )
+from minions.services.api.output_check import OutputMismatch
+from minions.services.api.verified_output import copy_verified
 from minions.store.base import ObjectNotFound, StoreError
 from minions.store.local import LocalStore
 

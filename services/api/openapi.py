@@ -1,9 +1,10 @@
 """The OpenAPI 3.0.3 description of the client API (API.md), built as a plain dict.
 
-It mirrors what the server really does: request schemas are the checks of `validation.py` and the
-route modules (`additionalProperties: false` only where the server refuses unknown fields), and each
-operation lists the statuses its handler and the middlewares can answer. The schemathesis suite in
-tests/fuzz holds the server to it, and tests/test_openapi.py keeps it and the router in step.
+It mirrors what the server really does: request schemas are the checks of `validation.py` (a task's
+fields: minions/task_fields.py) and the route modules (`additionalProperties: false` only where the
+server refuses unknown fields), and each operation lists the statuses its handler and the
+middlewares can answer. The schemathesis suite in tests/fuzz holds the server to it, and
+tests/test_openapi.py keeps it and the router in step.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from minions.services.api.openapi_parts import error as _error
 from minions.services.api.openapi_parts import ok as _ok
 from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
-from minions.services.api.validation import MAX_SUBTASK_SIZE
+from minions.task_fields import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
 
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]

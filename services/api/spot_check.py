@@ -7,11 +7,11 @@ import asyncio
 import uuid
 from typing import Any
 
+from minions.committed_results import ResultCorrupted, read_verified
 from minions.config import Settings
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.result_agreement import outputs_agree
-from minions.services.api.verified_output import ResultCorrupted, read_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")

@@ -19,8 +19,8 @@ import asyncpg
 from minions.db.queries import Queries
 from minions.kinds import FINISHED_TASK_STATUSES
 from minions.logging import get_logger
-from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Subtask
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
+from minions.subtask_cutter import Cutter, IdFinder, InputError, Subtask
 
 Q = Queries("splitter")
 

@@ -29,7 +29,7 @@ def _case(case_id: str, method: str, operation: str, path: str, body: Any = None
 
 
 CASES = [
-    # validation.py validate_task: `kind in PARAMS` hashes kind, so a list or object kind is a TypeError.
+    # task_fields.py check_fields: `kind in PARAMS` hashes kind, so a list or object kind is a TypeError.
     _case("task-kind-unhashable", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "kind": [], "params": {}}),
     # minions/names.py: NAME.match with `$` lets a trailing newline through; the minion_name domain does not.
     _case("task-name-newline", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "name": "regression\n"}),

@@ -11,7 +11,7 @@ import aiohttp
 import yarl
 
 from minions import jsoncodec
-from minions.services.api.nul import NUL_RULE
+from minions.nul import NUL_RULE
 from minions.testing.processes import Services
 from tests.support.tenants import tenant_tokens
 

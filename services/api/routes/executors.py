@@ -15,6 +15,7 @@ from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
+from minions.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api import spot_check
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
@@ -22,7 +23,6 @@ from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object, path_uuid
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.input_cache import InputCache
 from minions.services.api.messages import decode_body
-from minions.services.api.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api.responses import json_response
 from minions.store.base import ObjectStore, StoreError
 

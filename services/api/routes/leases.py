@@ -16,6 +16,7 @@ from aiohttp import web
 from minions import protocol
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.nul import without_nul
 from minions.redaction import redact_failure
 from minions.services.api import spot_check
 from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
@@ -23,7 +24,6 @@ from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
 from minions.services.api.messages import decode_body
-from minions.services.api.nul import without_nul
 from minions.services.api.output_check import OutputMismatch
 from minions.services.api.responses import json_response
 from minions.services.api.verified_output import VerifiedOutput, copy_verified

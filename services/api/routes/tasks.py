@@ -15,6 +15,14 @@ import asyncpg
 from aiohttp import web
 
 from minions import jsoncodec, readahead
+from minions.committed_results import (
+    VERIFY_IN_MEMORY,
+    ResultCompacted,
+    ResultCorrupted,
+    committed_uri,
+    read_committed,
+    read_verified,
+)
 from minions.db.queries import Queries
 from minions.kinds import FINISHED_TASK_STATUSES, TASK_STATUSES
 from minions.logging import get_logger
@@ -32,14 +40,6 @@ from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.submission_body import read_submission
 from minions.services.api.validation import TaskRequest, validate_task
-from minions.services.api.verified_output import (
-    VERIFY_IN_MEMORY,
-    ResultCompacted,
-    ResultCorrupted,
-    committed_uri,
-    read_committed,
-    read_verified,
-)
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")

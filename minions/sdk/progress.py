@@ -2,7 +2,8 @@
 
 On a terminal it is a rich progress bar, redrawn in place and sized to the terminal's width (a long
 task name is cut with an ellipsis; nothing wraps). Elsewhere (logs, CI, a pipe) it is a plain line
-every couple of seconds and at the end, not a redraw per poll.
+every couple of seconds and at the end, not a redraw per poll. The SDK's `wait(progress=True)` and
+the CLI's `minions wait` / `submit --wait` show this one bar.
 """
 
 from __future__ import annotations
