@@ -26,7 +26,7 @@ class ResultCorrupted(StoreError):
 
 
 class ResultCompacted(ObjectNotFound):
-    """A result whose bytes its row kept (sql/230) was dropped after its task's compaction: it is read
+    """A result whose bytes its row kept (sql/schema/07_results.sql) was dropped after its task's compaction: it is read
     from the task's result parts now."""
 
 
@@ -52,7 +52,7 @@ async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
 
 def _dropped_from_row(sub: Any) -> bool:
     """A result recorded (SHA-256 and size) with no object and no bytes: its row kept them until gc
-    dropped them after the task's compaction (sql/230; minion_complete never commits that shape)."""
+    dropped them after the task's compaction (sql/schema/07_results.sql; minion_complete never commits that shape)."""
     return bool(sub["result_sha256"] is not None and sub["result_key"] is None and sub["result_data"] is None)
 
 

@@ -64,13 +64,13 @@ class Settings:
     public_url: str = _setting("", "MINIONS_PUBLIC_URL", "API URL as executors reach it (signed store URLs)", {API})
     straggler_factor: float = _setting(4.0, "MINIONS_STRAGGLER_FACTOR",
                                        "back up a lease running this many times the median (0: never)", {API, UP})
-    # sql/400_spot_checks.sql: set on the API's database sessions, read by the claim.
+    # sql/schema/11_checks.sql: set on the API's database sessions, read by the claim.
     spot_check_share: float = _setting(0.02, "MINIONS_SPOT_CHECK_SHARE",
                                        "share of a trusted executor's subtasks run again by another executor "
                                        "before they commit (0 to 1)", {API, UP})
     spot_check_team_shares: str = _setting("", "MINIONS_SPOT_CHECK_TEAM_SHARES",
                                            "teams with a share of their own: team=share,team=share "
-                                           "(sql/400)", {API, UP})
+                                           "(sql/schema/11_checks.sql)", {API, UP})
     spot_check_min_cosine: float = _setting(0.999, "MINIONS_SPOT_CHECK_MIN_COSINE",
                                             "two embeddings of a record agree at this cosine or more", {API, UP})
     spot_check_min_similarity: float = _setting(0.9, "MINIONS_SPOT_CHECK_MIN_SIMILARITY",
@@ -126,7 +126,7 @@ class Settings:
     max_connections_per_ip: int = _setting(256, "MINIONS_MAX_CONNECTIONS_PER_IP",
                                            "open connections one address may hold, across the API's "
                                            "workers (more: 429)", {API})
-    # Registration (sql/360_bounded_registration.sql): what one executor token may add to `executors`.
+    # Registration (sql/schema/05_executors.sql): what one executor token may add to `executors`.
     max_executors_per_token: int = _setting(1000, "MINIONS_MAX_EXECUTORS_PER_TOKEN",
                                             "executor names one token may register (more: 403)", {API})
     registrations_per_minute: int = _setting(60, "MINIONS_REGISTRATIONS_PER_MINUTE",
@@ -143,12 +143,12 @@ class Settings:
                                          "begun at the end)", {API})
     inline_output_bytes: int = _setting(1024 * 1024, "MINIONS_INLINE_OUTPUT_BYTES",
                                         "largest output a complete may carry inline (0: never)", {API})
-    # sql/230_results_in_database.sql: a small result is committed in its subtask's row, no object per
+    # sql/schema/07_results.sql: a small result is committed in its subtask's row, no object per
     # subtask (a file, an fsync and a rename, or an S3 PUT); the parts of compaction take it from there.
     result_in_database_bytes: int = _setting(4 * 1024, "MINIONS_RESULT_IN_DATABASE_BYTES",
                                              "inline outputs up to this are kept in the database, not as an "
                                              "object each (0: never)", {API})
-    # sql/240_inputs_in_database.sql: the inline records of a task split at submission are committed
+    # sql/schema/08_inputs.sql: the inline records of a task split at submission are committed
     # with it, no input object (an input_objects row, a file, an fsync and a rename, or an S3 PUT);
     # its claims send their ranges from there, whatever MINIONS_INLINE_INPUT_BYTES says.
     input_in_database_bytes: int = _setting(64 * 1024, "MINIONS_INPUT_IN_DATABASE_BYTES",

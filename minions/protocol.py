@@ -64,7 +64,8 @@ _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
 
 
 class ModelFingerprint(Struct, kw_only=True):
-    """What the executor loaded for one model it serves (sql/390): the task it starts is pinned to it."""
+    """What the executor loaded for one model it serves (sql/schema/05_executors.sql): the task it
+    starts is pinned to it."""
 
     model: Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL,
                                description="One of the registration's `models`.")]

@@ -338,7 +338,8 @@ async def executors(args: argparse.Namespace) -> int:
 
 
 def _trust(trust: dict[str, Any] | None) -> str:
-    """An executor's trust (sql/400) in a few words: agreements and disagreements, or its quarantine."""
+    """An executor's trust (sql/schema/11_checks.sql) in a few words: agreements and disagreements, or
+    its quarantine."""
     if not trust:
         return "-"
     counts = f"{trust['agreements']} agreed, {trust['disagreements']} outvoted"

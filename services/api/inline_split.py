@@ -1,4 +1,4 @@
-"""Small inline tasks are split at submission (sql/181_submit_task.sql): the cutter the splitter uses
+"""Small inline tasks are split at submission (sql/schema/04_tasks.sql): the cutter the splitter uses
 (minions/subtask_cutter.py) over the spooled records, so the subtasks commit with the task and are
 claimable at once, without the splitter's hop. Big inputs, and inputs given by URI, stay the
 splitter's."""
@@ -14,7 +14,7 @@ from minions.subtask_cutter import Cutter, InputError
 @dataclass(frozen=True)
 class SplitRanges:
     """The arguments minion_submit_task takes for the subtasks (one list per column) and, when the
-    records are kept in the database (sql/240_inputs_in_database.sql), the records themselves."""
+    records are kept in the database (sql/schema/08_inputs.sql), the records themselves."""
 
     byte_starts: list[int]
     byte_ends: list[int]

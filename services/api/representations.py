@@ -29,7 +29,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "total": row["subtasks_total"],
             "pending": row["subtasks_pending"],
             "leased": row["subtasks_leased"],
-            # completed once, held until a spot check agrees (sql/400)
+            # completed once, held until a spot check agrees (sql/schema/11_checks.sql)
             "checking": row["subtasks_checking"],
             "done": row["subtasks_done"],
             "failed": row["subtasks_failed"],
@@ -56,7 +56,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
 def task_warnings(row: Any) -> list[dict[str, str]]:
     """What stands in the task's way that it cannot fix itself. `servable` is false when no online
     executor serves the task's kind and model (for its team); NULL for a finished task. Then what its
-    results cannot be trusted for: results of executors quarantined after it ended (sql/400)."""
+    results cannot be trusted for: results of executors quarantined after it ended (sql/schema/11_checks.sql)."""
     suspect = [{"code": "quarantined_results",
                 "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
                            f"since ({w['reason']}): they may be wrong"}

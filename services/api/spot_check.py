@@ -1,5 +1,5 @@
 """Replicated spot checks: a replica's verified output compared with the results held for its subtask
-(sql/400_spot_checks.sql keeps the state; the rule of agreement is minions/result_agreement.py's)."""
+(sql/schema/11_checks.sql keeps the state; the rule of agreement is minions/result_agreement.py's)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ COMPARE_ON_LOOP = 64 * 1024
 
 
 def spot_check_session(settings: Settings) -> dict[str, str]:
-    """The session settings the claim and the votes read (sql/400's minion_trust_setting)."""
+    """The session settings the claim and the votes read (sql/schema/11_checks.sql's minion_trust_setting)."""
     return {"minions.spot_check_share": repr(float(settings.spot_check_share)),
             "minions.trust_agreements": str(int(settings.trust_agreements)),
             "minions.quarantine_after": str(int(settings.quarantine_after)),

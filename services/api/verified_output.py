@@ -12,7 +12,7 @@ It streams: memory is O(one chunk) per call, and hashing and JSON parsing run in
 never on the event loop. The hot path, an inline output with a small input range, is checked whole
 instead: one thread hop for the check and one write, the input range as the claim read it when the
 API kept it (lease_facts.py). A small inline output is not written at all: its verified bytes are
-committed in the subtask's row (sql/230_results_in_database.sql), where PostgreSQL checks them
+committed in the subtask's row (sql/schema/07_results.sql), where PostgreSQL checks them
 against their SHA-256 and size.
 """
 
@@ -63,7 +63,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES), after the same check.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
-    if lease["input_uri"] is None and input_data is None:  # kept in the database (sql/240): the task went
+    if lease["input_uri"] is None and input_data is None:  # kept in the database: the task went
         raise StoreError(f"the input of task {lease['task_id']} is gone")
     keep = inline is not None and len(inline) <= keep_up_to
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):

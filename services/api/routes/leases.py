@@ -90,7 +90,7 @@ async def _still_live(request: web.Request, lease: _Lease) -> bool:
     return not lease.cached or await request.app[POOL].fetchrow(Q.lease_info, lease.token) is not None
 
 
-# A complete that counts though it commits nothing yet, or commits another's result (sql/400): a result
+# A complete that counts though it commits nothing yet, or commits another's result (sql/schema/11_checks.sql): a result
 # held for its check, or a replica's vote. The executor is answered as for any complete.
 _CHECKED = ("held", "agreed", "disputed", "no_quorum")
 
@@ -118,7 +118,7 @@ class _Completing:
 
 async def _prepare_complete(request: web.Request, lease: _Lease, completion: protocol.Completion) -> _Completing:
     """The lease's output verified and copied to its result key (or, small and inline, kept for the
-    row: sql/230); ApiError when it cannot be
+    row: sql/schema/07_results.sql); ApiError when it cannot be
     committed (a stale lease is left to the SQL, which says why)."""
     inline = None if completion.output is None else completion.output.encode()
     limit = request.app[SETTINGS].inline_output_bytes
@@ -141,7 +141,7 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
 
 async def _input_of(request: web.Request, lease: _Lease) -> bytes | None:
     """The lease's input range if the API has it at hand (kept from its claim), or when the task's
-    input is kept in the database (sql/240): then from the lease's lookup, or read now. None: the
+    input is kept in the database (sql/schema/08_inputs.sql): then from the lease's lookup, or read now. None: the
     check reads it from the input object."""
     data = request.app[LEASES].input_of(lease.token)
     if data is not None or lease.live["input_uri"] is not None:
@@ -173,7 +173,7 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
 
 
 async def _dimension_mismatch(request: web.Request, done: _Completing) -> ApiError:
-    """The 422 for an output whose vectors are not as long as those the task committed (sql/380)."""
+    """The 422 for an output whose vectors are not as long as those the task committed (sql/schema/07_results.sql)."""
     assert done.verified is not None and done.lease.live is not None
     pinned = await request.app[POOL].fetchval(Q.task_dimension, done.lease.live["task_id"])
     verified = done.verified
