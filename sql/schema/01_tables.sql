@@ -478,3 +478,20 @@ CREATE TABLE openai_batches (
 -- The finalizer's work list: batches not yet ended.
 CREATE INDEX openai_batches_open ON openai_batches (seq)
     WHERE completed_at IS NULL AND failed_at IS NULL AND expired_at IS NULL AND cancelled_at IS NULL;
+
+-- ---------------------------------------------------------------------------------------------
+-- Teams' shares of the common pool
+-- ---------------------------------------------------------------------------------------------
+
+-- What an admin set for a team (teams.sql); a team with no row has the defaults. weight: its share
+-- of claims when several teams have work an executor may run; priority_cap: the highest priority
+-- its users may give a task (admins any); max_leases: leases it may hold at once (0: no cap).
+CREATE TABLE team_shares (
+    team          minion_name PRIMARY KEY,
+    weight        double precision NOT NULL DEFAULT 1
+                      CONSTRAINT team_shares_weight CHECK (weight > 0 AND weight <= 1000000),
+    priority_cap  integer NOT NULL DEFAULT 0
+                      CONSTRAINT team_shares_priority_cap CHECK (priority_cap BETWEEN -1000 AND 1000),
+    max_leases    integer NOT NULL DEFAULT 0 CONSTRAINT team_shares_max_leases CHECK (max_leases >= 0),
+    updated_at    timestamptz NOT NULL DEFAULT now()
+);

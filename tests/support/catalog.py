@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncpg
 
-# Each query yields (object, definition) pairs; together they cover every kind of object the schema
+# Each query yields (object, definition) pairs (a relation's grants with PostgreSQL's defaults spelled
+# out: no ACL and the owner's default ACL grant the same); together they cover every kind of object the schema
 # makes. Definitions come from PostgreSQL's own deparsers, so spacing in the source does not count,
 # but a function body is compared as written (prosrc is kept verbatim).
 _QUERIES = {
     "relation": """
-        SELECT c.relname, c.relkind::text || coalesce(' ' || array_to_string(c.relacl, ','), '')
+        SELECT c.relname, c.relkind::text || ' ' || array_to_string(
+                   coalesce(c.relacl,
+                            acldefault((CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END)::"char", c.relowner)), ',')
           FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relname <> 'minion_migrations'
            AND c.relname NOT LIKE 'minion_migrations%'""",
     "column": """
