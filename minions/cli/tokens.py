@@ -6,26 +6,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 from typing import Any
 
 from minions import jsoncodec
 from minions.db.connect import connect
 from minions.db.queries import Queries
+from minions.durations import DURATION_EXAMPLES
+from minions.durations import duration_s as parsed_duration_s
 
 Q = Queries("cli")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
 
 
 def duration_s(text: str) -> float:
     """`90`, `90s`, `15m`, `12h`, `30d`, `2w` as seconds (argparse type)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    seconds = float(match.group(1)) * _UNITS[match.group(2)] if match else 0.0
+    seconds = parsed_duration_s(text) or 0.0
     if not 0 < seconds <= MAX_EXPIRES_IN_S:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration such as 3600, 90m, 12h, 30d or 2w "
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration such as {DURATION_EXAMPLES} "
                                          "(above 0, at most 10 years)")
     return seconds
 

@@ -281,6 +281,14 @@ class MinionsClient:
         executors: list[dict[str, Any]] = result["executors"]
         return executors
 
+    async def usage(self, *, since: str | None = None, team: str | None = None,
+                    by: str | None = None) -> dict[str, Any]:
+        """Compute-seconds and records of the attempts that ended in the window (`since`, e.g. "7d"),
+        per team, executor or owner (`by`): GET /api/v1/usage (docs/API.md)."""
+        params = {k: v for k, v in (("since", since), ("team", team), ("by", by)) if v}
+        result: dict[str, Any] = await self._request("GET", "/api/v1/usage", params=params or None)
+        return result
+
     async def release_executor(self, executor_id: str) -> dict[str, Any]:
         """Lift an executor's quarantine (admin): it claims again, its results checked until it earns trust."""
         result: dict[str, Any] = await self._request("POST", f"/api/v1/executors/{executor_id}/release")

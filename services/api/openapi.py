@@ -32,6 +32,7 @@ from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
 from minions.task_fields import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
+from minions.usage import DEFAULT_SINCE, SINCE_RULE, USAGE_BY
 
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
 # An attempt in a subtask's history: the lease in progress, or how an ended one ended.
@@ -297,6 +298,19 @@ def _timestamp(nullable: bool = False) -> Schema:
     return _nullable(schema) if nullable else schema
 
 
+def _usage_counts() -> Schema:
+    seconds = {"type": "number", "minimum": 0}
+    return {
+        "used_s": {**seconds, "description": "Compute-seconds of the team's own attempts (done, unchecked, "
+                                             "candidate, failed, cancelled, superseded)."},
+        "verification_s": {**seconds, "description": "Of its spot checks' replicas and outvoted results "
+                                                     "(agreed, outvoted)."},
+        "lost_s": {**seconds, "description": "Nobody's use: lost, released and revoked attempts."},
+        "records": {"type": "integer", "minimum": 0, "description": "Records of the used attempts."},
+        "attempts": {"type": "integer", "minimum": 0},
+    }
+
+
 def _token_schema(secret: bool = False) -> Schema:
     """A token as listed: never its secret, which only the answer to its creation carries."""
     properties: Schema = {
@@ -434,6 +448,20 @@ def _response_schemas() -> dict[str, Schema]:
             "last_heartbeat_at": _timestamp(nullable=True),
         }),
         "ExecutorList": _object({"executors": {"type": "array", "items": _ref("Executor")}}),
+        "UsageRow": _object({
+            "team": _nullable({"type": "string"}),
+            "executor_id": _nullable({"type": "string", "format": "uuid"}),
+            "executor": _nullable({"type": "string"}),
+            "owner": _nullable({"type": "string", "description": "The label of the API token the executor "
+                                                                 "registered with (`token <id>` when it has none)."}),
+            **_usage_counts(),
+        }, description="One team's, executor's or owner's usage (`by`); what it is not grouped by is null."),
+        "Usage": _object({
+            "since": _timestamp(), "team": _nullable({"type": "string"}),
+            "by": {"type": "string", "enum": list(USAGE_BY)},
+            "usage": {"type": "array", "items": _ref("UsageRow")},
+            "totals": _object(_usage_counts()),
+        }),
         "Token": _token_schema(),
         "CreatedToken": _token_schema(secret=True),
         "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
@@ -657,6 +685,25 @@ def _paths() -> dict[str, Schema]:
                                     e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
                                     e422="Not a valid team name."),
         }},
+        "/api/v1/usage": {"get": {
+            "operationId": "getUsage",
+            "tags": ["usage"],
+            "summary": "Compute used per team, given per executor or owner",
+            "description": "Every attempt that ended in the window, its compute-seconds charged to the team whose "
+                           "task it ran and credited to the executor (and owner) that ran it; docs/API.md says "
+                           "how each outcome counts.",
+            "parameters": [
+                _query_param("since", {"type": "string", "default": DEFAULT_SINCE},
+                             f"The window back from now: {SINCE_RULE}."),
+                _query_param("team", _name("team"), "Only this team's usage (default: the token's team; an "
+                                                    "admin's: every team)."),
+                _query_param("by", {"type": "string", "enum": list(USAGE_BY), "default": "team"},
+                             "One row per team, per executor or per owner."),
+            ],
+            "responses": _responses(_ok(_ref("Usage"), "The usage, most compute first."), _AUTHED,
+                                    e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
+                                    e422="`since`, `by` or `team` breaks its rule (named in `fields`)."),
+        }},
         "/api/v1/executors/register": {"post": {
             "operationId": "registerExecutor",
             "tags": ["executor protocol"],
@@ -872,6 +919,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "executors", "description": "What the executors are doing (users)."},
             {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
             {"name": "tokens", "description": "Token lifecycle (admins)."},
+            {"name": "usage", "description": "Compute used per team and given per executor and owner."},
             {"name": "health", "description": "Liveness, for load balancers."},
             {"name": "meta", "description": "The kinds and statuses this server knows (any token)."},
             {"name": openai_document.TAG, "description": "OpenAI's API under /v1 (docs/OPENAI.md)."},

@@ -259,3 +259,8 @@ SELECT b.lease_token, c.round, c.result_key, c.result_sha256, c.result_bytes, c.
   JOIN subtask_checks c ON c.task_id = b.task_id AND c.subtask_id = b.subtask_id
  WHERE b.lease_token = ANY ($1::uuid[])
  ORDER BY b.lease_token, c.round;
+
+-- name: usage
+-- Compute-seconds and records of the attempts that ended at $1 or later, of team $2 (NULL: every
+-- team), grouped by $3 ('team', 'executor' or 'owner'): sql/schema/15_usage.sql.
+SELECT * FROM minion_usage($1, $2, $3);

@@ -79,6 +79,51 @@ BEGIN
       FROM tasks t WHERE t.id = won.task_id;
 END $$;
 
+-- What an ended attempt's compute was to the pool, for accounting (minion_usage, grafana_usage):
+-- 'used': the team's own work, whatever became of it: a result committed (done, unchecked) or held
+--   for a check (candidate), its subtask's failure (failed), a run its cancel stopped (cancelled), a
+--   straggler's copy that the other run beat (superseded);
+-- 'verification': what its spot checks cost it: a replica that agreed, a result on the losing side
+--   of a quorum or of none (outvoted);
+-- 'lost': nobody's use: an executor that went silent (lost) or handed its lease back (released), a
+--   result thrown away because its executor was quarantined (revoked).
+-- NULL for an outcome it does not know: a new outcome must be given a place here.
+CREATE FUNCTION minion_attempt_use(p_outcome text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_outcome IN ('done', 'unchecked', 'candidate', 'failed', 'cancelled', 'superseded') THEN 'used'
+        WHEN p_outcome IN ('agreed', 'outvoted') THEN 'verification'
+        WHEN p_outcome IN ('lost', 'released', 'revoked') THEN 'lost'
+    END
+$$;
+
+-- An ended attempt's compute-seconds: what its executor reported with its result (every attempt
+-- that returned one: done, unchecked, candidate, agreed, outvoted, revoked), else the lease's wall
+-- time, from lease to end (an attempt that ended without a result reports none: failed, lost,
+-- released, cancelled, superseded; a lost one's includes the wait until the watchdog noticed).
+CREATE FUNCTION minion_attempt_seconds(p_seconds double precision, p_started timestamptz, p_ended timestamptz)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(p_seconds, greatest(extract(epoch FROM p_ended - p_started)::double precision, 0))
+$$;
+
+-- Every ended attempt as accounting counts it: the team whose task it ran, the executor that ran
+-- it and that executor's owner (the label of the API token it registered with; 'token <id>' for an
+-- unlabelled one), its use and compute-seconds. Read by time (`ended_at`, indexed).
+CREATE VIEW minion_attempt_usage AS
+SELECT a.ended_at,
+       a.task_id,
+       t.team::text AS team,
+       a.executor_id,
+       e.name AS executor,
+       coalesce(nullif(k.label, ''), 'token ' || k.id) AS owner,
+       a.outcome,
+       minion_attempt_use(a.outcome) AS use,
+       minion_attempt_seconds(a.seconds, a.started_at, a.ended_at) AS seconds,
+       a.records
+  FROM subtask_attempts a
+  JOIN tasks t ON t.id = a.task_id
+  LEFT JOIN executors e ON e.id = a.executor_id
+  LEFT JOIN api_tokens k ON k.id = e.token_id;
+
 -- Ends the current attempt of a leased subtask (locked by the caller): history, referee row,
 -- then back to pending or failed for good. p_counts: whether the attempt counts towards
 -- max_attempts (a release does not).

@@ -364,6 +364,32 @@ SELECT date_trunc('minute', a.ended_at) AS "time",
    AND a.ended_at >= now() - interval '24 hours'
  GROUP BY 1, t.team, a.outcome;
 
+-- Accounting (minion_attempt_usage, leases.sql): one row per ended attempt, its team (whose task
+-- it ran), executor and owner (its token's label), its use ('used', 'verification' or 'lost': nobody's)
+-- and compute-seconds. Row-level: `$__timeFilter(ended_at)` reaches the table's index.
+CREATE VIEW grafana_usage AS
+SELECT u.ended_at,
+       u.team,
+       u.task_id,
+       u.executor_id,
+       coalesce(u.executor, 'unknown') AS executor,
+       coalesce(u.owner, 'unknown') AS owner,
+       u.outcome,
+       u.use,
+       u.seconds,
+       u.records
+  FROM minion_attempt_usage u;
+
+-- Each team's share of the pool as an admin set it (team_shares; a team with no row: weight 1, no
+-- priority above 0, no lease cap), for the panels that set usage against weight.
+CREATE VIEW grafana_team_weights AS
+SELECT g.team,
+       coalesce(s.weight, 1) AS weight,
+       coalesce(s.priority_cap, 0) AS priority_cap,
+       coalesce(s.max_leases, 0) AS max_leases
+  FROM grafana_teams g
+  LEFT JOIN team_shares s ON s.team = g.team;
+
 -- The read-only role Grafana logs in as. Roles are cluster-wide (several databases may share one
 -- server, and may migrate at once), so it is created only if missing, and a concurrent creation is
 -- not an error. It logs in but has no password: set one (ALTER ROLE minions_grafana PASSWORD ...)
@@ -408,6 +434,7 @@ BEGIN
     -- Functions the views call run as the querying role (EXECUTE is PUBLIC's by default; granted
     -- here explicitly so a REVOKE FROM PUBLIC elsewhere cannot break the dashboards).
     GRANT EXECUTE ON FUNCTION minion_executor_status(text, integer, timestamptz, double precision),
-                              minion_error_reason(text)
+                              minion_error_reason(text), minion_attempt_use(text),
+                              minion_attempt_seconds(double precision, timestamptz, timestamptz)
        TO minions_grafana;
 END $$;
