@@ -65,7 +65,7 @@ def test_help_shows_defaults_and_version() -> None:
 
 
 @pytest.mark.parametrize("command", [
-    [], ["up"], ["submit"], ["status"], ["wait"], ["results"], ["cancel"], ["executors"], ["db", "migrate"],
+    [], ["up"], ["submit"], ["status"], ["wait"], ["results"], ["cancel"], ["executors"], ["usage"], ["db", "migrate"],
     ["token", "create"], ["psql"], ["agent"], ["agent", "install"], ["api"], ["splitter"], ["watchdog"],
 ])
 def test_help_of_each_command_is_quiet(command: list[str]) -> None:
