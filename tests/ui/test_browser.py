@@ -35,6 +35,7 @@ if importlib.util.find_spec("playwright") is None:
 from playwright.async_api import Page, async_playwright, expect  # noqa: E402
 
 from tests.support.api import running_api  # noqa: E402
+from tests.support.usage import build_pool  # noqa: E402
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -390,3 +391,62 @@ async def test_web_ui_shows_trust(database_url: str, tmp_path: Path) -> None:
         await expect(page.locator("table.attempts-table tr[data-outcome=agreed]")).to_have_count(1)
         await browser.close()
     assert not console_errors, console_errors
+
+
+async def test_web_ui_shows_usage(database_url: str, tmp_path: Path) -> None:
+    """The usage page (tests/support/usage.py's attempts): each team's used, verification and lost
+    compute, then what each executor and owner gave, over a window the page chooses; a team's token
+    sees its own team only."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    conn = await connect(database_url)
+    try:
+        pool = await build_pool(conn)
+        search_user, _ = await make_token(conn, "user", team="search")
+    finally:
+        await conn.close()
+    console_errors: list[str] = []
+    async with running_api(database_url, tmp_path / "store") as api, async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await (await browser.new_context(viewport={"width": 1440, "height": 900})).new_page()
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: console_errors.append(str(e)))
+        await _sign_in_as(page, api.url, api.admin)
+        await page.get_by_role("link", name="Usage", exact=True).click()
+        await expect(page.get_by_role("heading", name="Usage", exact=True)).to_be_visible()
+        teams = page.locator("table.usage-table[data-by=team]")
+        search = teams.locator("tr[data-team=search]")
+        # search's spot-check replicas (0.05 s) are its verification; its 30 s lost lease is nobody's.
+        await expect(search.locator(".usage-verification")).to_have_text("<0.1 s")
+        await expect(search.locator(".usage-lost")).to_have_text("30 s")
+        await expect(teams.locator("tr[data-team=ads] .usage-lost")).not_to_have_text("0 s")  # bob's release
+        await expect(teams.locator("tbody tr")).to_have_count(2)
+        givers = page.locator("table.usage-table[data-by=executor]")
+        await expect(givers.locator("tr[data-executor=lab-2]")).to_contain_text(f"token {pool.unlabelled_token}")
+        await expect(givers.locator("tbody tr")).to_have_count(len(pool.executors))
+        await _shot(page, "10-usage")
+
+        await page.locator("button[data-by=owner]").click()
+        owners = page.locator("table.usage-table[data-by=owner]")
+        await expect(owners.locator("tbody tr")).to_have_count(4)
+        await expect(owners.locator("tr[data-owner=mallory] .usage-used")).to_have_text("0 s")
+        await page.locator("button[data-since='1h']").click()
+        await page.wait_for_url("**/#/usage?since=1h&by=owner")
+        await expect(owners.locator("tbody tr")).to_have_count(4)
+
+        # A team's token: its own team, every executor that served it.
+        user_page = await (await browser.new_context(viewport={"width": 1440, "height": 900})).new_page()
+        user_page.on("pageerror", lambda e: console_errors.append(str(e)))
+        await _sign_in_as(user_page, api.url, search_user)
+        await user_page.goto(f"{api.url}/#/usage")
+        await expect(user_page.locator("table.usage-table[data-by=team] tbody tr")).to_have_count(1)
+        await expect(user_page.locator("tr[data-team=search]")).to_be_visible()
+        await expect(user_page.locator(".toolbar")).to_contain_text("team search")
+        await browser.close()
+    assert not console_errors, console_errors
+
+
+async def _sign_in_as(page: Page, api_url: str, token: str) -> None:
+    await page.goto(f"{api_url}/")
+    await page.fill("#token", token)
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await expect(page.get_by_role("heading", name="Tasks", exact=True)).to_be_visible()

@@ -6,6 +6,7 @@ import { executorsView } from "./executors.js";
 import { submitView } from "./submit.js";
 import { taskView } from "./task.js";
 import { tasksView } from "./tasks.js";
+import { usageView } from "./usage.js";
 
 const POLL_MS = 1500;
 
@@ -14,6 +15,7 @@ const ROUTES = [
   [/^\/tasks\/([^/]+)\/([^/]+)\/([^/]+)\/?$/, "tasks", taskView],
   [/^\/submit\/?$/, "submit", submitView],
   [/^\/executors\/?$/, "executors", executorsView],
+  [/^\/usage\/?$/, "usage", usageView],
 ];
 
 const viewEl = document.getElementById("view");
