@@ -24,6 +24,7 @@ from tests.support.grafana_macros import (
     format_interval,
     rfc3339_nano,
 )
+from tests.support.usage import build_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "infra" / "grafana"
@@ -43,6 +44,7 @@ KEY_PANELS = {
     "Executors per team and hardware", "Kinds and models", "Queue wait percentiles",
     "Duration percentiles by model", "Duration percentiles by hardware", "Failure reasons",
     "Executor contributions", "Records per minute by team", "Precision by executor and model",
+    "Compute used per team", "Team share vs weight", "Compute given per executor", "Compute given per owner",
 }
 
 
@@ -468,4 +470,58 @@ async def test_trust_views_read_only_the_checked_attempts(database_url: str) -> 
         trust = await admin.fetchrow("SELECT * FROM grafana_executor_trust WHERE executor = 'busy'")
         assert (trust["agreed_24h"], trust["candidate_24h"]) == (200, 200)
     finally:
+        await admin.close()
+
+
+async def test_usage_views_and_panels(database_url: str) -> None:
+    """The usage panels as the read-only role agree with the account (minion_usage, sql/schema/15_usage.sql)
+    per team, executor and owner; a team's share of the charged compute is set against its weight
+    (team_shares, 1 by default) among the teams that used the pool."""
+    admin = await connect(database_url)
+    pool = await build_pool(admin)
+    assert await admin.fetchval("SELECT count(*) FROM minion_set_team_share('search', 3, NULL, NULL)") == 1
+    account = {by: {r[by]: r for r in await admin.fetch(
+        "SELECT * FROM minion_usage(now() - interval '1 day', NULL, $1)", by)} for by in ("team", "executor", "owner")}
+    conn = await _as_grafana(database_url)
+    try:
+        assert {(r["team"], r["weight"]) for r in await conn.fetch("SELECT * FROM grafana_team_weights")} == {
+            ("search", 3), ("ads", 1)}
+        panels = {p["title"]: p for p in _panels(_dashboard()["panels"])}
+        now = datetime.now(UTC)
+        # One interval over the whole range, one point a series: a bucket of whole days (Grafana's
+        # `$__interval` units) that starts over a day before now and ends over a day after.
+        days = next(d for d in range(300, 400) if 86400 < now.timestamp() % (d * 86400) < (d - 1) * 86400)
+        ctx = QueryContext(time_from=now - timedelta(hours=6), time_to=now + timedelta(minutes=5),
+                           interval=timedelta(days=days), variables={"team": ["search", "ads"]})
+
+        async def run(title: str, context: QueryContext = ctx) -> list[asyncpg.Record]:
+            rows: list[asyncpg.Record] = await conn.fetch(expand(panels[title]["targets"][0]["rawSql"], context))
+            return rows
+
+        used = {r["metric"]: r["value"] for r in await run("Compute used per team")}
+        assert used == {team: pytest.approx(r["used_s"]) for team, r in account["team"].items()}
+        for title, key, columns in (("Compute given per executor", "executor", ("used_s", "verification_s", "lost_s")),
+                                    ("Compute given per owner", "owner", ("used_s", "verification_s", "lost_s"))):
+            rows = {r[key]: r for r in await run(title)}
+            assert set(rows) == set(account[key]), title
+            for name, r in rows.items():
+                assert [r[c] or 0 for c in columns] == [pytest.approx(account[key][name][c]) for c in columns], name
+        assert {r["owner"]: r["executors"] for r in await run("Compute given per owner")} == {
+            "alice": 3, "bob": 1, "mallory": 1, f"token {pool.unlabelled_token}": 2}
+
+        series = {r["metric"]: r["value"] for r in await run("Team share vs weight")}
+        charged = {t: r["used_s"] + r["verification_s"] for t, r in account["team"].items()}
+        assert series == {
+            "search share": pytest.approx(100 * charged["search"] / sum(charged.values())),
+            "ads share": pytest.approx(100 * charged["ads"] / sum(charged.values())),
+            "search weight": pytest.approx(75), "ads weight": pytest.approx(25)}
+        # One team selected: its own series, its share still of every team's compute.
+        ads_only = QueryContext(time_from=ctx.time_from, time_to=ctx.time_to, interval=ctx.interval,
+                                variables={"team": ["ads"]})
+        assert {r["metric"]: r["value"] for r in await run("Team share vs weight", ads_only)} == {
+            "ads share": series["ads share"], "ads weight": pytest.approx(25)}
+        assert {r["metric"] for r in await run("Compute used per team", ads_only)} == {"ads"}
+        assert {r["executor"] for r in await run("Compute given per executor", ads_only)} == {"bob-box", "lab-box"}
+    finally:
+        await conn.close()
         await admin.close()
