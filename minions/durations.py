@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+# What duration_s reads, also as a schema's pattern: ASCII digits, an optional unit, spaces around.
+DURATION_PATTERN = r"^[ \t]*[0-9]+(\.[0-9]+)?[smhdwSMHDW]?[ \t]*$"
+_DURATION = re.compile(DURATION_PATTERN)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 DURATION_EXAMPLES = "3600, 90m, 12h, 7d or 2w"
 
 
 def duration_s(text: str) -> float | None:
-    """`text` as seconds, or None when it is not a duration (case and surrounding spaces aside)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+    """`text` as seconds, or None when it is not a duration."""
+    if not _DURATION.fullmatch(text):
+        return None
+    text = text.strip(" \t")
+    unit = text[-1].lower() if text[-1].isalpha() else ""
+    return float(text[:-1] if unit else text) * _UNITS[unit]

@@ -32,7 +32,7 @@ from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
 from minions.task_fields import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
-from minions.usage import DEFAULT_SINCE, SINCE_RULE, USAGE_BY
+from minions.usage import DEFAULT_SINCE, SINCE_PATTERN, SINCE_RULE, USAGE_BY
 
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
 # An attempt in a subtask's history: the lease in progress, or how an ended one ended.
@@ -693,7 +693,7 @@ def _paths() -> dict[str, Schema]:
                            "task it ran and credited to the executor (and owner) that ran it; docs/API.md says "
                            "how each outcome counts.",
             "parameters": [
-                _query_param("since", {"type": "string", "default": DEFAULT_SINCE},
+                _query_param("since", {"type": "string", "pattern": SINCE_PATTERN, "default": DEFAULT_SINCE},
                              f"The window back from now: {SINCE_RULE}."),
                 _query_param("team", _name("team"), "Only this team's usage (default: the token's team; an "
                                                     "admin's: every team)."),
