@@ -130,9 +130,12 @@ class JobTable:
         self._jobs[job.token] = job
 
     def remove(self, job: Job) -> None:
-        """The job's last word was answered (it has ended): its lease is no longer held."""
+        """The job's last word was answered (it has ended): its lease is no longer held. One that
+        has not ended is a bug, logged as such, and still removed: a job that never leaves would
+        hold its slot of the lease bound, and its token in every heartbeat, forever."""
         if not job.ended:
-            raise IllegalTransition(f"job {job.label} leaves the table {job.state.value}, not ended")
+            log.error("job_left_unended", subtask=job.label, state=job.state.value,
+                      history=[s.value for s in job.history])
         self._jobs.pop(job.token, None)
         self._left.set()
 
