@@ -28,35 +28,19 @@ from typing import Any
 
 from minions.agents.macos import awake
 from minions.agents.macos.claim_depth import ClaimDepth, Depth
-from minions.agents.macos.client import (
-    AuthError,
-    ClientError,
-    Conflict,
-    ExecutorClient,
-    NotFound,
-    Rejected,
-    StorageError,
-)
+from minions.agents.macos.client import AuthError, ClientError, Conflict, ExecutorClient, NotFound, Rejected
 from minions.agents.macos.completes import Completes
 from minions.agents.macos.config import AgentConfig
 from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.heartbeat import heartbeat_loop
-from minions.agents.macos.jobs import AT_WORK, IllegalTransition, Job, JobState, JobTable
-from minions.agents.macos.jsonl import RecordsError, encode_outputs, parse_records
+from minions.agents.macos.job_steps import JobSteps
+from minions.agents.macos.jobs import AT_WORK, Job, JobState, JobTable
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.protocol import Claim, ProtocolError, Registration
-from minions.agents.macos.runners.base import (
-    ChoosesPrecision,
-    PermanentError,
-    ReportsFingerprints,
-    Runner,
-    RunnerError,
-)
+from minions.agents.macos.runners.base import ChoosesPrecision, ReportsFingerprints, Runner
 from minions.logging import get_logger
 
 log = get_logger(__name__)
-
-MAX_ERROR_CHARS = 4000
 
 
 class Agent:
@@ -92,18 +76,22 @@ class Agent:
         self._depth = ClaimDepth()
         self._depth_logged: Depth | None = None
         self._queue_had_work = False  # the last claim brought work (so the next is answered at once)
-        self._compute = asyncio.Semaphore(1)  # one runner at a time: the device is the bottleneck
         self._awake: AbstractAsyncContextManager[None] | None = None  # held while any job is
         self._claiming: asyncio.Task[list[Claim]] | None = None  # the owner's return cancels it
         self._tasks: set[asyncio.Task[None]] = set()  # jobs' supervisors, the owner watch
         self._fatal: asyncio.Future[None] | None = None  # a job's AuthError ends the agent
-        self.completed = 0  # subtasks committed by this process, for logs and tests
+        self._steps = JobSteps(client, runners, self._completes, self._depth, lambda: self.registration)
 
     @property
     def registration(self) -> Registration:
         if self._registration is None:
             raise RuntimeError("the agent has not registered yet")
         return self._registration
+
+    @property
+    def completed(self) -> int:
+        """Subtasks committed by this process, for logs and tests."""
+        return self._steps.completed
 
     def held_leases(self) -> list[str]:
         return self._jobs.tokens()
@@ -263,7 +251,7 @@ class Agent:
             self._awake = self._keep_awake()
             await self._awake.__aenter__()
         job = Job(claim)
-        job.task = asyncio.create_task(self._execute(job), name=f"subtask {job.label}")
+        job.task = asyncio.create_task(self._steps.run(job), name=f"subtask {job.label}")
         self._jobs.add(job)
         self._background(self._supervise(job), f"supervise {job.label}")
         if len(self._jobs) == 1:
@@ -325,74 +313,6 @@ class Agent:
             log.info("subtask_already_gone", subtask=job.label, reason=reason)
         except (ClientError, TimeoutError) as exc:
             log.warning("release_failed", subtask=job.label, error=str(exc) or type(exc).__name__)
-
-    # -- one subtask --------------------------------------------------------------------------
-
-    async def _execute(self, job: Job) -> None:
-        """Fetch the input, run it, upload the output unless it rides inline, complete; or fail."""
-        sub = job.claim.subtask
-        started = time.monotonic()
-        log.info("subtask_started", subtask=sub.label, kind=sub.kind, model=sub.model, records=sub.input.records)
-        try:
-            runner = self._runners.get(sub.kind)
-            if runner is None:
-                raise PermanentError(f"this executor does not serve kind {sub.kind!r}")
-            records = parse_records(await self._client.download(sub.input), sub.input.records)
-            fetched = time.monotonic() - started
-            async with self._compute:
-                job.move(JobState.RUNNING)
-                computing = time.monotonic()
-                outputs = await runner.run(sub, records)
-                computed = time.monotonic()
-            self._depth.ran((sub.team, sub.project, sub.task_name), computed - computing)
-            output = encode_outputs(records, outputs)
-            inline = len(output) <= self.registration.inline_output_bytes
-            if not inline:
-                job.move(JobState.UPLOADING)
-                await self._client.upload(sub.output_url, output)
-        except (AuthError, IllegalTransition):
-            raise
-        except (RunnerError, RecordsError) as exc:
-            await self._fail(job, str(exc), retryable=isinstance(exc, RunnerError) and exc.retryable)
-        except StorageError as exc:
-            await self._fail(job, str(exc), retryable=True)
-        except Exception as exc:  # a crash in a runner (out of memory, a torch error): try elsewhere
-            log.exception("runner_error", subtask=sub.label)
-            await self._fail(job, f"{type(exc).__name__}: {exc}", retryable=True)
-        else:
-            await self._complete(job, len(records), time.monotonic() - started, output if inline else None)
-            self._depth.outside_runner(fetched + time.monotonic() - computed)
-
-    async def _complete(self, job: Job, records: int, seconds: float, output: bytes | None) -> None:
-        job.move(JobState.COMMITTING)
-        try:
-            await self._completes.complete(job.token, records, seconds, output)
-        except Conflict as exc:
-            # 409 lease_lost: the subtask was reclaimed meanwhile; our output is ignored (fencing).
-            log.warning("complete_refused", subtask=job.label, error=str(exc))
-            job.move(JobState.DROPPED)
-            return
-        except Rejected as exc:
-            # 422 output_mismatch: the server found the output does not answer the records. Nothing
-            # was committed and the lease is still ours: fail it now (another attempt may do better)
-            # rather than leave it to the lease timeout.
-            log.warning("complete_refused", subtask=job.label, error=str(exc))
-            await self._fail(job, str(exc), retryable=True)
-            return
-        job.move(JobState.DONE)
-        self.completed += 1
-        log.info("subtask_completed", subtask=job.label, records=records, seconds=round(seconds, 3))
-
-    async def _fail(self, job: Job, error: str, retryable: bool) -> None:
-        job.move(JobState.FAILING)
-        log.warning("subtask_failed", subtask=job.label, error=error, retryable=retryable)
-        try:
-            await self._client.fail(job.token, error[:MAX_ERROR_CHARS], retryable)
-        except Rejected as exc:  # the lease is gone: nothing more to say about it
-            log.warning("fail_refused", subtask=job.label, error=str(exc))
-            job.move(JobState.DROPPED)
-            return
-        job.move(JobState.FAILED)
 
     # -- the owner ----------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from minions.agents.macos.agent import Agent
 from minions.agents.macos.client import ExecutorClient, Rejected
 from minions.agents.macos.config import PolicyConfig, build
 from minions.agents.macos.hardware import Hardware
+from minions.agents.macos.jobs import JobState
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.runners.base import Runner
 from minions.agents.macos.runners.embedding import EmbeddingRunner
@@ -356,6 +357,8 @@ async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w:
         await asyncio.sleep(0.5)  # and no more, however long it waits
         assert h.agent.lease_bound() == 2
         assert sorted(await held_in_db()) == sorted(h.agent.held_leases())
+        # One has the device, the other waits for it with its input fetched.
+        assert sorted(h.agent.job_states().values()) == [JobState.CLAIMED, JobState.RUNNING]
         h.owner["load"] = 5.0
         started = time.monotonic()
         await eventually(lambda: _now(h.agent.held_leases() == []), "the agent to hand everything back")
