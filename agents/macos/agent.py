@@ -4,7 +4,7 @@ register → (wait for the owner policy → long-poll claim → a job per lease:
 upload → complete) until stopped, with heartbeats on their own task (heartbeat.py). Work is handed
 back (release) when the owner needs the machine or the agent stops, and dropped without a word when
 a heartbeat says its lease is gone. Each job is in a named state (jobs.py, and the table in
-docs/ARCHITECTURE.md).
+docs/ARCHITECTURE.md); its steps are job_steps.py's.
 
 Pipelined: each lease runs as its own job (input download, then the runner, one job at a time, then
 output upload and complete), so the next subtasks are claimed, and their inputs fetched, while one
