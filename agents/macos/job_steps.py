@@ -15,10 +15,10 @@ from minions.agents.macos.jsonl import RecordsError, encode_outputs, parse_recor
 from minions.agents.macos.protocol import Registration
 from minions.agents.macos.runners.base import PermanentError, Runner, RunnerError
 from minions.logging import get_logger
+from minions.protocol import MAX_ERROR_CHARS
 
 log = get_logger(__name__)
 
-MAX_ERROR_CHARS = 4000
 
 
 class JobSteps:
