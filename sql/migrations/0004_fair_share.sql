@@ -510,3 +510,17 @@ BEGIN
      ORDER BY array_position(won, s.lease_token);
 END $$;
 
+-- Tasks noted as starving (minion_fair_share_cycle): waiting with work pending while executors that
+-- could serve them run other work. The alert rule minions-starving reads it.
+CREATE VIEW grafana_starving_tasks AS
+SELECT t.team::text AS team, t.project::text AS project, t.name::text AS task_name, t.id AS task_id,
+       minion_capability(t.kind, t.model) AS capability, w.since,
+       extract(epoch FROM now() - w.since)::float8 AS waiting_s
+  FROM task_starvation w JOIN tasks t ON t.id = w.task_id;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'minions_grafana') THEN
+        GRANT SELECT ON grafana_starving_tasks TO minions_grafana;
+    END IF;
+END $$;

@@ -137,3 +137,11 @@ BEGIN
     ON CONFLICT (task_id) DO NOTHING;
     RETURN given;
 END $$;
+
+-- Tasks noted as starving (minion_fair_share_cycle): waiting with work pending while executors that
+-- could serve them run other work. The alert rule minions-starving reads it.
+CREATE VIEW grafana_starving_tasks AS
+SELECT t.team::text AS team, t.project::text AS project, t.name::text AS task_name, t.id AS task_id,
+       minion_capability(t.kind, t.model) AS capability, w.since,
+       extract(epoch FROM now() - w.since)::float8 AS waiting_s
+  FROM task_starvation w JOIN tasks t ON t.id = w.task_id;
