@@ -1,4 +1,4 @@
-"""What the usage account (sql/schema/15_usage.sql: minion_usage) can be asked: a window back from
+"""What the usage account (sql/schema/16_usage.sql: minion_usage) can be asked: a window back from
 now and a grouping. The API and the CLI check a request with the same rules, so a bad `--since` is
 refused before any request is made."""
 

@@ -254,7 +254,7 @@ async def test_role_is_created_once_per_cluster(database_url: str) -> None:
     of the same server (the role already exists) succeeds and grants again."""
     admin = await connect(database_url)
     try:
-        sql = (ROOT / "sql" / "schema" / "13_grafana.sql").read_text()
+        sql = (ROOT / "sql" / "schema" / "99_grants.sql").read_text()
         role_blocks = sql[sql.index("DO $$"):]
         await admin.execute(role_blocks)
         attrs = await admin.fetchrow(
@@ -475,7 +475,7 @@ async def test_trust_views_read_only_the_checked_attempts(database_url: str) -> 
 
 
 async def test_usage_views_and_panels(database_url: str) -> None:
-    """The usage panels as the read-only role agree with the account (minion_usage, sql/schema/15_usage.sql)
+    """The usage panels as the read-only role agree with the account (minion_usage, sql/schema/16_usage.sql)
     per team, executor and owner; a team's share of the charged compute is set against its weight
     (team_shares, 1 by default) among the teams that used the pool."""
     admin = await connect(database_url)

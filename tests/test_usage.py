@@ -1,4 +1,4 @@
-"""The usage account (sql/schema/15_usage.sql, GET /api/v1/usage): each team's, executor's and
+"""The usage account (sql/schema/16_usage.sql, GET /api/v1/usage): each team's, executor's and
 owner's totals are the sums of their attempts' seconds, spot-check replicas are the team's
 verification, lost work is nobody's use; a team's token sees its team only; bad input is 422 naming
 the rule; the window is read through the index on ended_at."""

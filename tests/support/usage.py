@@ -1,5 +1,5 @@
 """A pool's worth of ended attempts of every outcome, made through the SQL functions the services
-run, for the tests of the usage account (sql/schema/15_usage.sql), its API, CLI, web page and Grafana
+run, for the tests of the usage account (sql/schema/16_usage.sql), its API, CLI, web page and Grafana
 panels; and the account recomputed from the attempts themselves, to hold it to."""
 
 from __future__ import annotations

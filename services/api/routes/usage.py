@@ -1,5 +1,5 @@
 """The usage account: compute-seconds and records of ended attempts, charged to the team whose task
-each ran and credited to the executor (and its owner) that ran it (sql/schema/15_usage.sql). A team's
+each ran and credited to the executor (and its owner) that ran it (sql/schema/16_usage.sql). A team's
 token sees its own team only; an admin's (or an all-teams token's) every team."""
 
 from __future__ import annotations
