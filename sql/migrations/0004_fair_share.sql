@@ -1,7 +1,8 @@
 -- Fair share between teams: each team's usage, whose turn it is, the negotiator that writes it,
 -- starving tasks, and the claim that takes turns and keeps lease caps.
 
--- Each team's recent use of the pool: compute-seconds of its attempts (lost ones are nobody's use),
+-- Each team's recent use of the pool: compute-seconds of its attempts as the usage account charges
+-- them (minion_attempt_use: used and verification; lost is nobody's use),
 -- decayed with a half-life (MINIONS_FAIR_SHARE_HALF_LIFE_S), as of usage_at. Folded from the
 -- attempts by the negotiator (minion_fair_share_cycle), never written by a claim or a complete.
 CREATE TABLE team_usage (
@@ -91,9 +92,12 @@ BEGIN
     SELECT folded_to INTO since FROM fair_share_state;
     IF upto > since THEN
         INSERT INTO team_usage AS u (team, usage, usage_at)
-        SELECT s.team::text, sum(minion_decayed(a.seconds, a.ended_at, p_half_life_s)), now()
+        SELECT s.team::text,
+               sum(minion_decayed(minion_attempt_seconds(a.seconds, a.started_at, a.ended_at), a.ended_at,
+                                  p_half_life_s)), now()
           FROM subtask_attempts a JOIN subtasks s ON s.task_id = a.task_id AND s.subtask_id = a.subtask_id
-         WHERE a.ended_at > since AND a.ended_at <= upto AND a.seconds > 0 AND a.outcome <> 'lost'
+         WHERE a.ended_at > since AND a.ended_at <= upto
+           AND minion_attempt_use(a.outcome) IN ('used', 'verification')  -- as the account charges it
          GROUP BY s.team
         ON CONFLICT (team) DO UPDATE
            SET usage = minion_decayed(u.usage, u.usage_at, p_half_life_s) + excluded.usage, usage_at = now();

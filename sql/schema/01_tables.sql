@@ -496,7 +496,8 @@ CREATE TABLE team_shares (
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
 
--- Each team's recent use of the pool: compute-seconds of its attempts (lost ones are nobody's use),
+-- Each team's recent use of the pool: compute-seconds of its attempts as the usage account charges
+-- them (minion_attempt_use: used and verification; lost is nobody's use),
 -- decayed with a half-life (MINIONS_FAIR_SHARE_HALF_LIFE_S), as of usage_at. Folded from the
 -- attempts by the negotiator (minion_fair_share_cycle), never written by a claim or a complete.
 CREATE TABLE team_usage (

@@ -56,9 +56,12 @@ BEGIN
     SELECT folded_to INTO since FROM fair_share_state;
     IF upto > since THEN
         INSERT INTO team_usage AS u (team, usage, usage_at)
-        SELECT s.team::text, sum(minion_decayed(a.seconds, a.ended_at, p_half_life_s)), now()
+        SELECT s.team::text,
+               sum(minion_decayed(minion_attempt_seconds(a.seconds, a.started_at, a.ended_at), a.ended_at,
+                                  p_half_life_s)), now()
           FROM subtask_attempts a JOIN subtasks s ON s.task_id = a.task_id AND s.subtask_id = a.subtask_id
-         WHERE a.ended_at > since AND a.ended_at <= upto AND a.seconds > 0 AND a.outcome <> 'lost'
+         WHERE a.ended_at > since AND a.ended_at <= upto
+           AND minion_attempt_use(a.outcome) IN ('used', 'verification')  -- as the account charges it
          GROUP BY s.team
         ON CONFLICT (team) DO UPDATE
            SET usage = minion_decayed(u.usage, u.usage_at, p_half_life_s) + excluded.usage, usage_at = now();
