@@ -31,6 +31,7 @@ from minions.services.api.openapi_parts import ok as _ok
 from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
 from minions.task_fields import MAX_SUBTASK_SIZE
+from minions.team_shares import MAX_LEASES, MAX_PRIORITY_CAP, MAX_WEIGHT, MIN_PRIORITY_CAP
 from minions.tokens import TOKEN_ROLES
 
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
@@ -246,10 +247,11 @@ def _request_schemas() -> dict[str, Schema]:
             "minProperties": 1,
             "description": "Any of the three; the others keep their values.",
             "properties": {
-                "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1_000_000,
+                "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_WEIGHT,
                            "description": "The team's share of claims when several teams have work (default 1)."},
-                "priority_cap": _int(-1000, 1000, "The highest priority the team's users may set (default 0)."),
-                "max_leases": _int(0, 2**31 - 1, "Leases the team may hold at once (0: no cap, the default)."),
+                "priority_cap": _int(MIN_PRIORITY_CAP, MAX_PRIORITY_CAP,
+                                     "The highest priority the team's users may set (default 0)."),
+                "max_leases": _int(0, MAX_LEASES, "Leases the team may hold at once (0: no cap, the default)."),
             },
         },
         "TokenRequest": {

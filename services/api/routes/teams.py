@@ -5,7 +5,6 @@ request makes no team."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import asyncpg
@@ -19,21 +18,12 @@ from minions.services.api.auth import require
 from minions.services.api.bodies import json_object
 from minions.services.api.errors import ApiError, invalid
 from minions.services.api.responses import iso, json_response
+from minions.team_shares import FIELDS, share_problem
 
 Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 MAX_BODY_BYTES = 4096  # three numbers
-# The bounds are team_shares' CHECK constraints, checked here first so that each is named by its rule.
-MAX_WEIGHT = 1_000_000.0
-PRIORITY_CAP_RANGE = (-1000, 1000)
-MAX_LEASES = 2**31 - 1  # the column's integer
-RULES = {
-    "weight": f"a number above 0 and at most {MAX_WEIGHT:,.0f} (the team's share of claims; default 1)",
-    "priority_cap": f"an integer from {PRIORITY_CAP_RANGE[0]} to {PRIORITY_CAP_RANGE[1]} (the highest priority "
-                    "the team's users may set; default 0)",
-    "max_leases": f"an integer from 0 (no cap) to {MAX_LEASES} (leases the team may hold at once)",
-}
 
 
 def share_json(row: Any) -> dict[str, Any]:
@@ -51,27 +41,18 @@ async def list_teams(request: web.Request) -> web.Response:
     return json_response({"teams": [share_json(r) for r in rows]})
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _change(body: dict[str, Any]) -> tuple[float | None, int | None, int | None]:
-    """The values to set (None: keep), each present one checked against its rule (null is none)."""
-    errors = {key: "unknown field: one of weight, priority_cap, max_leases" for key in sorted(set(body) - set(RULES))}
-    weight, priority_cap, max_leases = (body.get(key) for key in RULES)
-    if "weight" in body and (isinstance(weight, bool) or not isinstance(weight, int | float)
-                             or not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT):
-        errors["weight"] = RULES["weight"]
-    if "priority_cap" in body and (not _is_int(priority_cap)
-                                   or not PRIORITY_CAP_RANGE[0] <= priority_cap <= PRIORITY_CAP_RANGE[1]):
-        errors["priority_cap"] = RULES["priority_cap"]
-    if "max_leases" in body and (not _is_int(max_leases) or not 0 <= max_leases <= MAX_LEASES):
-        errors["max_leases"] = RULES["max_leases"]
+    """The values to set (None: keep), each one present checked against its rule (null breaks it)."""
+    errors = {key: f"unknown field: one of {', '.join(FIELDS)}" for key in sorted(set(body) - set(FIELDS))}
+    for field in FIELDS:
+        if field in body and (problem := share_problem(field, body[field])) is not None:
+            errors[field] = problem
     if not body:
-        errors["body"] = "give at least one of weight, priority_cap, max_leases"
+        errors["body"] = f"give at least one of {', '.join(FIELDS)}"
     if errors:
         raise invalid(errors, "invalid values: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
-    return None if weight is None else float(weight), priority_cap, max_leases
+    weight = body.get("weight")
+    return None if weight is None else float(weight), body.get("priority_cap"), body.get("max_leases")
 
 
 @routes.patch("/api/v1/teams/{team}")
