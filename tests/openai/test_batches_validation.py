@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -113,9 +114,9 @@ async def test_a_users_batch_priority_is_held_to_its_teams_cap(database_url: str
         client = c.client(user)
         file_id = await c.upload(client, [_line("a")])
 
-        def create(metadata: dict[str, str], on: openai.OpenAI = client) -> object:
+        def create(metadata: dict[str, str], on: openai.OpenAI = client) -> Any:
             return on.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h",
-                                     metadata=metadata)  # type: ignore[arg-type]
+                                     metadata=metadata)
 
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await c.call(create, {"priority": "1"})
@@ -135,4 +136,4 @@ async def test_a_users_batch_priority_is_held_to_its_teams_cap(database_url: str
         admin = await c.call(create, {"team": "alpha", "priority": "1000"}, c.client())
         default = await c.call(create, {})
         priorities = {r["name"]: r["priority"] for r in await c.conn.fetch("SELECT name, priority FROM tasks")}
-        assert priorities == {at_cap.id: 3, admin.id: 1000, default.id: 0}  # type: ignore[attr-defined]
+        assert priorities == {at_cap.id: 3, admin.id: 1000, default.id: 0}
