@@ -115,6 +115,18 @@ class Settings:
                                          {WATCHDOG})
     result_part_bytes: int = _setting(64 * 1024**2, "MINIONS_RESULT_PART_BYTES",
                                       "size a compacted result part grows to", {WATCHDOG})
+    # Fair share between teams (sql/schema/15_fair_share.sql): the watchdog's negotiation.
+    fair_share_interval_s: float = _setting(1.0, "MINIONS_FAIR_SHARE_INTERVAL_S",
+                                            "how often the watchdog recomputes whose turn it is between teams "
+                                            "(0: off, plain priority-then-FIFO)", {WATCHDOG})
+    fair_share_half_life_s: float = _setting(3600.0, "MINIONS_FAIR_SHARE_HALF_LIFE_S",
+                                             "half-life of a team's recent usage (compute-seconds)", {WATCHDOG})
+    fair_share_round: int = _setting(60, "MINIONS_FAIR_SHARE_ROUND",
+                                     "turns in a round of the teams sharing a queue (shares are multiples of "
+                                     "1/round)", {WATCHDOG})
+    starvation_s: float = _setting(300.0, "MINIONS_STARVATION_S",
+                                   "a task with work pending and no lease this long while executors that "
+                                   "could serve it are busy elsewhere is warned as starving", {WATCHDOG})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
@@ -173,6 +185,12 @@ class Settings:
             problems.append("MINIONS_SPOT_CHECK_MIN_SIMILARITY must be from 0 to 1")
         if self.spot_check_wait_s <= 0:
             problems.append("MINIONS_SPOT_CHECK_WAIT_S must be > 0")
+        if self.fair_share_interval_s < 0:
+            problems.append("MINIONS_FAIR_SHARE_INTERVAL_S must be >= 0 (0 turns fair share off)")
+        if self.fair_share_half_life_s <= 0 or self.starvation_s <= 0:
+            problems.append("MINIONS_FAIR_SHARE_HALF_LIFE_S and MINIONS_STARVATION_S must be > 0")
+        if not 1 <= self.fair_share_round <= 10000:
+            problems.append("MINIONS_FAIR_SHARE_ROUND must be from 1 to 10000")
         if self.trust_agreements < 0:
             problems.append("MINIONS_TRUST_AGREEMENTS must be >= 0")
         if self.quarantine_after < 1:

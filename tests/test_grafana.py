@@ -251,7 +251,7 @@ async def test_role_is_created_once_per_cluster(database_url: str) -> None:
     of the same server (the role already exists) succeeds and grants again."""
     admin = await connect(database_url)
     try:
-        sql = (ROOT / "sql" / "schema" / "13_grafana.sql").read_text()
+        sql = (ROOT / "sql" / "schema" / "99_grants.sql").read_text()
         role_blocks = sql[sql.index("DO $$"):]
         await admin.execute(role_blocks)
         attrs = await admin.fetchrow(

@@ -368,8 +368,13 @@ def _response_schemas() -> dict[str, Schema]:
             "error": _nullable({"type": "string"}),
             "warnings": {"type": "array", "description": "What keeps an unfinished task from progressing that it "
                                                          "cannot fix itself; empty when nothing does. `unservable`: "
-                                                         "no online executor serves its kind and model.",
-                         "items": _object({"code": {"type": "string", "enum": ["unservable"]},
+                                                         "no online executor serves its kind and model. "
+                                                         "`starving`: work pending and no lease for "
+                                                         "MINIONS_STARVATION_S while executors that could "
+                                                         "serve it run other work. `quarantined_results`: "
+                                                         "results of an executor quarantined after it ended.",
+                         "items": _object({"code": {"type": "string",
+                                                    "enum": ["unservable", "starving", "quarantined_results"]},
                                            "message": {"type": "string"}})},
         }),
         "TaskList": _object({

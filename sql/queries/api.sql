@@ -50,12 +50,14 @@ SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
        -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
        (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
                                             'reason', w.reason) ORDER BY w.noted_at)
-          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
+       -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
@@ -63,12 +65,14 @@ WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
        -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
        (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
                                             'reason', w.reason) ORDER BY w.noted_at)
-          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
+       -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
@@ -77,7 +81,7 @@ WHERE t.id = $1;
 -- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c

@@ -30,3 +30,12 @@ SELECT minion_settle_stale_checks($1);
 -- name: settle_quarantines
 -- The rest of each quarantine a vote flagged (sql/schema/11_checks.sql), should the API not have done it.
 SELECT minion_settle_quarantines();
+
+-- name: fair_share_cycle
+-- One negotiation between teams (sql/schema/15_fair_share.sql): $1 usage half-life (s), $2 turns in
+-- a round, $3 seconds before a waiting task is starving. NULL when another watchdog holds it.
+SELECT minion_fair_share_cycle($1, $2, $3);
+
+-- name: fair_share_off
+-- Fair share turned off: no turns, so claims take priority, then FIFO.
+DELETE FROM fair_share_turns;

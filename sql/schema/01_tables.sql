@@ -495,3 +495,42 @@ CREATE TABLE team_shares (
     max_leases    integer NOT NULL DEFAULT 0 CONSTRAINT team_shares_max_leases CHECK (max_leases >= 0),
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
+
+-- Each team's recent use of the pool: compute-seconds of its attempts (lost ones are nobody's use),
+-- decayed with a half-life (MINIONS_FAIR_SHARE_HALF_LIFE_S), as of usage_at. Folded from the
+-- attempts by the negotiator (minion_fair_share_cycle), never written by a claim or a complete.
+CREATE TABLE team_usage (
+    team      text PRIMARY KEY,
+    usage     double precision NOT NULL DEFAULT 0 CHECK (usage >= 0),
+    usage_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Whose turn it is: for each capability several teams have work pending for (or one team with a
+-- lease cap), a round of turns in which each team has turns in proportion to its weight, the team
+-- with the least weighted recent usage first. A claim takes the turn a shared sequence points at
+-- (minion_fair_share_cursor), so nothing is written per claim. Rewritten by each negotiation.
+CREATE TABLE fair_share_turns (
+    capability  text NOT NULL,
+    turn        integer NOT NULL CHECK (turn >= 0),
+    turns       integer NOT NULL CHECK (turns > turn),
+    team        text NOT NULL,
+    PRIMARY KEY (capability, turn)
+);
+CREATE SEQUENCE minion_fair_share_cursor;
+
+-- The negotiator's place in the attempts' history: attempts that ended up to folded_to are in
+-- team_usage. One row.
+CREATE TABLE fair_share_state (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    folded_to  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Tasks with work pending and no lease in flight for longer than MINIONS_STARVATION_S while an
+-- executor that could serve them was busy with other work (the negotiator notes and clears them;
+-- shown in the task's warnings and on Grafana). since: its last result, or its submission.
+CREATE TABLE task_starvation (
+    task_id   bigint PRIMARY KEY REFERENCES tasks (id) ON DELETE CASCADE,
+    since     timestamptz NOT NULL,
+    noted_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX team_shares_capped ON team_shares (team) WHERE max_leases > 0;

@@ -517,9 +517,11 @@ END $$;
 -- gated branches, which a generic plan can resolve. The probes pass over tasks pinned to another
 -- fingerprint, and the rows found are taken only once their tasks are pinned to this executor's, with
 -- a second probe after a lost pin race.
--- Returns the new lease tokens, in claim order ('{}' when nothing in the filter is pending).
+-- p_excluded: teams the whole queue passes over (those at their lease cap; a team's own probe never
+-- gets them). Returns the new lease tokens, in claim order ('{}' when nothing in the filter is pending).
 CREATE FUNCTION minion_claim_some_in(p_executor uuid, p_caps text[], p_team text, p_project text,
-                                                p_task_name text, p_n integer, p_first integer)
+                                                p_task_name text, p_n integer, p_first integer,
+                                                p_excluded text[] DEFAULT '{}')
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
     caps text[] := ARRAY(SELECT DISTINCT c FROM unnest(p_caps) AS c);
@@ -531,12 +533,23 @@ DECLARE
     refused bigint[];
     to_pin bigint[];  -- the tasks of the rows found that have a model (sleep is never pinned)
     t record;
+    cap text;
     tok uuid;
     toks uuid[] := '{}';
     taken uuid[];
 BEGIN
     IF p_n < 1 THEN
         RETURN '{}';
+    END IF;
+    IF p_team IS NULL AND cardinality(p_excluded) > 0 AND cardinality(caps) > 1 THEN
+        -- Teams left out of the whole queue (at their lease cap): one capability at a time, each
+        -- probe with the exclusion (rare: only while some team has a cap).
+        FOREACH cap IN ARRAY caps LOOP
+            EXIT WHEN cardinality(toks) >= p_n;
+            toks := toks || minion_claim_some_in(p_executor, ARRAY[cap], NULL, NULL, NULL, p_n - cardinality(toks),
+                                                 p_first + cardinality(toks), p_excluded);
+        END LOOP;
+        RETURN toks;
     END IF;
     IF p_project IS NULL AND cardinality(caps) <> 1 THEN
         FOR k IN 1 .. p_n LOOP
@@ -569,6 +582,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
+                       AND NOT (s.team::text = ANY (p_excluded))
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
         ELSIF p_project IS NULL THEN
@@ -811,14 +825,34 @@ BEGIN
     VALUES (b.task_id, b.subtask_id, att, b.executor_id, b.lease_token, b.leased_at, p_outcome, p_error);
 END $$;
 
+-- The leases team p_team may still take now under its lease cap (team_shares.max_leases): the cap
+-- less its leases in flight (leased or checking). Takes the team's cap lock until the transaction
+-- ends, so two claims cannot both fill the last room. Only claims of teams with a cap call it.
+CREATE FUNCTION minion_team_lease_room(p_team text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+BEGIN
+    SELECT max_leases INTO cap FROM team_shares WHERE team = p_team;
+    IF coalesce(cap, 0) <= 0 THEN
+        RETURN 2147483647;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('minion_team_leases:' || p_team, 0));
+    RETURN cap - (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
+                   WHERE t.team = p_team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
+                     AND s.state IN ('leased', 'checking'))::integer;
+END $$;
+
 -- The claim of up to p_max subtasks. Rows: one per lease won (verdict 'leased'); else one row whose
 -- verdict says why none: 'empty' (nothing fits now: `capabilities` says what to wait for),
 -- 'not_found', 'not_your_executor', 'deregistered', 'quarantined'. `owner`: the API token of the
 -- executor (for later fencing of who may complete). Never waits: what is pending now.
 --
 -- In order: a spot check's replica wanted of the executor's capabilities (one at most a claim,
--- answered as a lease like any: `backup` false); each preference tier, then the whole queue, asked
--- once for what is still wanted (minion_claim_some_in); with nothing pending and p_backup_factor > 0,
+-- answered as a lease like any: `backup` false); each preference tier, then the team whose turn it
+-- is when several teams share the executor's queue (fair_share_turns, teams.sql: no row is written
+-- per claim, a shared sequence picks the turn), then the whole queue, asked once for what is still
+-- wanted (minion_claim_some_in; a team with a lease cap only up to its room, never from the whole
+-- queue); with nothing pending and p_backup_factor > 0,
 -- one backup of a straggler. The leases won that are chosen for a check are marked (check_token) in
 -- one UPDATE, only when the share may choose any: all of an executor not trusted, else each with its
 -- team's share (minions.spot_check_team_shares) or minions.spot_check_share; only checkable ones
@@ -857,6 +891,12 @@ DECLARE
     starting bigint;
     ex executors%ROWTYPE;
     pref record;
+    fair text[] := '{}';  -- the teams whose turn it is (fair_share_turns), for the executor's capabilities
+    capped text[];        -- teams with a lease cap: never taken from the whole queue
+    rooms integer[];      -- the leases each of them may still take now (NULL: not read yet)
+    k integer;
+    n integer;
+    got uuid[];
 BEGIN
     SELECT * INTO ex FROM executors e WHERE e.id = p_executor;
     verdict := minion_executor_refusal(ex, p_token_id);
@@ -874,13 +914,35 @@ BEGIN
     IF replica_tok IS NOT NULL THEN
         wanted := wanted - 1;
     END IF;
-    FOR pref IN (SELECT p.position, p.team, p.project, p.task_name FROM executor_preferences p
+    IF ex.team IS NULL AND EXISTS (SELECT 1 FROM fair_share_turns f WHERE f.capability = ANY (ex.capabilities)) THEN
+        k := nextval('minion_fair_share_cursor') % 2147483647;
+        fair := ARRAY(SELECT f.team FROM fair_share_turns f
+                       WHERE f.capability = ANY (ex.capabilities) AND f.turn = k % f.turns
+                       ORDER BY f.capability);
+    END IF;
+    capped := ARRAY(SELECT c.team::text FROM team_shares c WHERE c.max_leases > 0 ORDER BY c.team);
+    rooms := array_fill(NULL::integer, ARRAY[cardinality(capped)]);  -- each read when first needed
+    -- Preferences first (an owner's choice beats fairness), then the team whose turn it is, then the
+    -- whole queue (the executor's team's, if it has one). A team with a lease cap takes at most its room.
+    FOR pref IN (SELECT p.position, p.team::text AS team, p.project, p.task_name FROM executor_preferences p
                   WHERE p.executor_id = p_executor AND (ex.team IS NULL OR p.team = ex.team)
+                 UNION ALL SELECT 2147483000 + f.n, f.team, NULL, NULL FROM unnest(fair) WITH ORDINALITY AS f(team, n)
                  UNION ALL SELECT 2147483647, ex.team, NULL, NULL)
                  ORDER BY 1 LOOP
         EXIT WHEN cardinality(won) >= wanted;
-        won := won || minion_claim_some_in(p_executor, ex.capabilities, pref.team, pref.project, pref.task_name,
-                                           wanted - cardinality(won), cardinality(won));
+        n := wanted - cardinality(won);
+        k := array_position(capped, pref.team);
+        IF k IS NOT NULL THEN
+            rooms[k] := coalesce(rooms[k], minion_team_lease_room(pref.team));
+            n := least(n, rooms[k]);
+            CONTINUE WHEN n <= 0;
+        END IF;
+        got := minion_claim_some_in(p_executor, ex.capabilities, pref.team, pref.project, pref.task_name, n,
+                                    cardinality(won), CASE WHEN pref.team IS NULL THEN capped ELSE '{}' END);
+        IF k IS NOT NULL THEN
+            rooms[k] := rooms[k] - cardinality(got);
+        END IF;
+        won := won || got;
     END LOOP;
     IF cardinality(won) = 0 AND replica_tok IS NULL AND p_backup_factor > 0 THEN
         backup_tok := minion_claim_backup(p_executor, ex.capabilities, ex.team, p_backup_factor);

@@ -55,21 +55,18 @@ class TestDatabases:
         await migrate(self.url_for(f"{TEMPLATE}_{self._prefix}"))
 
     async def fresh(self) -> str:
-        name = f"{self._prefix}_{next(self._counter)}"
-        conn = await asyncpg.connect(self.admin_url)
-        try:
-            await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}_{self._prefix}")
-        finally:
-            await conn.close()
-        self._created.append(name)
-        return self.url_for(name)
+        """A new database cloned from the migrated template."""
+        return await self._create(f"TEMPLATE {TEMPLATE}_{self._prefix}")
 
     async def empty(self) -> str:
         """A new database with nothing in it (for tests of the migrator itself)."""
+        return await self._create("")
+
+    async def _create(self, options: str) -> str:
         name = f"{self._prefix}_{next(self._counter)}"
         conn = await asyncpg.connect(self.admin_url)
         try:
-            await conn.execute(f"CREATE DATABASE {name}")
+            await conn.execute(f"CREATE DATABASE {name} {options}")
         finally:
             await conn.close()
         self._created.append(name)
