@@ -37,7 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "delete": ("minions.cli.storage", "delete a finished task (its input and results are then garbage)"),
     "gc": ("minions.cli.storage", "delete garbage from the object store (--dry-run says what first)"),
     "compact": ("minions.cli.compact", "compact completed tasks' results into large parts now"),
-    "team": ("minions.cli.storage", "team settings kept by operators (team allow-input, inputs)"),
+    "team": ("minions.cli.storage", "team settings: shares of the pool (team shares, set-weight, "
+                                    "set-priority-cap, set-max-leases), allowed inputs (allow-input, inputs)"),
     "psql": ("minions.cli.admin", "psql on the database; arguments after it pass through (-c \"...\")"),
 }
 SERVICES = {

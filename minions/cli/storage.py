@@ -1,5 +1,6 @@
 """Operator commands for stored data: `minions gc` (garbage collection of the object store) and
-`minions team allow-input|disallow-input|inputs` (which S3 prefixes a team's tasks may read)."""
+`minions team allow-input|disallow-input|inputs` (which S3 prefixes a team's tasks may read); the
+`minions team` commands of teams' shares of the pool are minions/cli/team_shares.py's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from minions import config, retention
 from minions.cli import connection
 from minions.cli.admin import database_url
 from minions.cli.client_command import client_command
+from minions.cli.team_shares import add_team_parsers
 from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.names import is_name
@@ -39,7 +41,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.set_defaults(handler=client_command(delete))
 
-    team = sub.add_parser("team", help="team settings kept by operators")
+    team = sub.add_parser("team", help="team settings: shares of the pool (shares, set-weight, set-priority-cap, "
+                                       "set-max-leases), allowed inputs (allow-input, inputs)")
     team_sub = team.add_subparsers(dest="team_command", required=True)
     for name, handler, text in (
         ("allow-input", allow_input, "let TEAM's tasks read inputs under an s3:// prefix"),
@@ -56,6 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
     p.add_argument("team", help="the team's name")
     p.set_defaults(handler=team_inputs)
+    add_team_parsers(team_sub)
 
 
 def _store_uri(args: argparse.Namespace) -> str:

@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
+from urllib.parse import quote
 
 import aiohttp
 
@@ -292,6 +293,21 @@ class MinionsClient:
     async def release_executor(self, executor_id: str) -> dict[str, Any]:
         """Lift an executor's quarantine (admin): it claims again, its results checked until it earns trust."""
         result: dict[str, Any] = await self._request("POST", f"/api/v1/executors/{executor_id}/release")
+        return result
+
+    async def team_shares(self) -> list[dict[str, Any]]:
+        """Each known team's share of the pool: `weight`, `priority_cap`, `max_leases` (a team's user
+        sees its own team only)."""
+        result: dict[str, Any] = await self._request("GET", "/api/v1/teams")
+        teams: list[dict[str, Any]] = result["teams"]
+        return teams
+
+    async def set_team_share(self, team: str, *, weight: float | None = None, priority_cap: int | None = None,
+                             max_leases: int | None = None) -> dict[str, Any]:
+        """Set a team's weight, priority cap or lease cap (0: no cap) (admin); what is not given is kept."""
+        body = {key: value for key, value in (("weight", weight), ("priority_cap", priority_cap),
+                                              ("max_leases", max_leases)) if value is not None}
+        result: dict[str, Any] = await self._request("PATCH", f"/api/v1/teams/{quote(team, safe='')}", json=body)
         return result
 
     async def health(self) -> dict[str, Any]:

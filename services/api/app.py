@@ -34,7 +34,7 @@ from minions.services.api.claim_waiters import ClaimWaiters
 from minions.services.api.errors import ApiError, error_response
 from minions.services.api.input_cache import InputCache
 from minions.services.api.lease_facts import LeaseFacts
-from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, tokens, usage
+from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, teams, tokens, usage
 from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
@@ -74,6 +74,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_routes(subtasks.routes)
     app.router.add_routes(tokens.routes)
     app.router.add_routes(usage.routes)
+    app.router.add_routes(teams.routes)
     app.router.add_routes(web_ui.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app, settings.max_output_bytes)

@@ -31,6 +31,7 @@ from minions.services.api.openapi_parts import ok as _ok
 from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
 from minions.task_fields import MAX_SUBTASK_SIZE
+from minions.team_shares import MAX_LEASES, MAX_PRIORITY_CAP, MAX_WEIGHT, MIN_PRIORITY_CAP
 from minions.tokens import TOKEN_ROLES
 from minions.usage import DEFAULT_SINCE, SINCE_PATTERN, SINCE_RULE, USAGE_BY
 
@@ -218,7 +219,9 @@ def _task_request(kind: str) -> Schema:
                                        "default": DEFAULT_SUBTASK_SIZE[kind]}),
             "params": _nullable({"type": "object", "additionalProperties": False,
                                  "properties": _PARAMS[kind], "description": f"Parameters of a {kind} task."}),
-            "priority": {**_int(-1000, 1000, "Higher runs first."), "default": 0},
+            "priority": {**_int(-1000, 1000, "Higher runs first. A user may set at most its team's priority cap "
+                                             "(default 0, `GET /api/v1/teams`; above it: 403 "
+                                             "`priority_above_cap`); an admin sets any."), "default": 0},
         },
     }
 
@@ -238,6 +241,19 @@ def _request_schemas() -> dict[str, Schema]:
                 "completion": "#/components/schemas/CompletionTaskRequest",
                 "sleep": "#/components/schemas/SleepTaskRequest",
             }},
+        },
+        "TeamShareChange": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "description": "Any of the three; the others keep their values.",
+            "properties": {
+                "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_WEIGHT,
+                           "description": "The team's share of claims when several teams have work (default 1)."},
+                "priority_cap": _int(MIN_PRIORITY_CAP, MAX_PRIORITY_CAP,
+                                     "The highest priority the team's users may set (default 0)."),
+                "max_leases": _int(0, MAX_LEASES, "Leases the team may hold at once (0: no cap, the default)."),
+            },
         },
         "TokenRequest": {
             "type": "object",
@@ -470,6 +486,14 @@ def _response_schemas() -> dict[str, Schema]:
         "Token": _token_schema(),
         "CreatedToken": _token_schema(secret=True),
         "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
+        "TeamShare": _object({
+            "team": {"type": "string"},
+            "weight": {"type": "number", "description": "Its share of claims when several teams have work."},
+            "priority_cap": {"type": "integer", "description": "The highest priority its users may set."},
+            "max_leases": {"type": "integer", "minimum": 0, "description": "Leases it may hold at once (0: no cap)."},
+            "updated_at": _timestamp(nullable=True) | {"description": "When an admin last set it; null: the defaults."},
+        }),
+        "TeamShareList": _object({"teams": {"type": "array", "items": _ref("TeamShare")}}),
         "Health": _object({"status": {"type": "string", "enum": ["ok"]},
                            "database": {"type": "string", "enum": ["ok"]}}),
         "Meta": _meta_schema(),
@@ -517,7 +541,8 @@ def _paths() -> dict[str, Schema]:
                     e403="Not a user token (`wrong_role`), or one scoped to another team (`wrong_team`), or "
                          "an `input.uri` the task's team may not read (`input_not_allowed`): a task reads only "
                          "its team's uploads and inline inputs, or s3:// prefixes an operator allowed for the "
-                         "team (`minions team allow-input`); nothing is created.",
+                         "team (`minions team allow-input`); or a user's `priority` above the team's priority "
+                         "cap (`priority_above_cap`, the cap in the message); nothing is created.",
                     e409="A different task of that name exists (`task_exists`).",
                     e422="Invalid values, each named in `fields`.",
                 ),
@@ -842,6 +867,31 @@ def _paths() -> dict[str, Schema]:
             },
         },
         **_batched_lease_paths(lease_errors),
+        "/api/v1/teams": {"get": {
+            "operationId": "listTeamShares",
+            "tags": ["teams"],
+            "summary": "Each known team's share of the pool: weight, priority cap, lease cap",
+            "description": "A team is known once a token, task or executor names it. An admin, or a user "
+                           "scoped to no team, sees every known team; a team's user sees its own.",
+            "responses": _responses(_ok(_ref("TeamShareList"), "The teams, by name."), _AUTHED,
+                                    e403="Not a user token (`wrong_role`)."),
+        }},
+        "/api/v1/teams/{team}": {
+            "parameters": [_path_param("team", _name("team"), "A known team.")],
+            "patch": {
+                "operationId": "setTeamShare",
+                "tags": ["teams"],
+                "summary": "Set a team's weight, priority cap or lease cap (admin)",
+                "requestBody": _json_body(_ref("TeamShareChange"), "The values to change."),
+                "responses": _responses(
+                    _ok(_ref("TeamShare"), "The team's share as it is now."), _AUTHED, _BODY,
+                    e403="Not an admin token (`wrong_role`).",
+                    e422="A value breaks its rule, an unknown field or an empty body (`invalid`, each named in "
+                         "`fields`); or no token, task or executor names the team (`unknown_team`): nothing "
+                         "is changed.",
+                ),
+            },
+        },
         # Last: a fuzzed revoke of a seeded token then cannot starve the operations above.
         "/api/v1/tokens": {
             "get": {
@@ -923,6 +973,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             {"name": "tasks", "description": "Submitting tasks and reading their results (users)."},
             {"name": "executors", "description": "What the executors are doing (users)."},
             {"name": "executor protocol", "description": "Register, claim, heartbeat, commit (agents)."},
+            {"name": "teams", "description": "Teams' shares of the pool (set by admins)."},
             {"name": "tokens", "description": "Token lifecycle (admins)."},
             {"name": "usage", "description": "Compute used per team and given per executor and owner."},
             {"name": "health", "description": "Liveness, for load balancers."},

@@ -29,14 +29,20 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
 -- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
 -- when they are kept in the database (sql/schema/08_inputs.sql), else NULL; $18 the team's input quota (0: none).
+-- $19: the submitter is held to the team's priority cap (a user): a priority above it raises
+-- priority_above_cap and nothing is submitted (sql/schema/14_teams.sql).
 -- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/schema/03_notify.sql).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased, 0::bigint AS subtasks_checking,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
        minion_task_servable(t.team, t.kind, t.model) AS servable,
        minion_capability(t.kind, t.model) AS capability
-FROM minion_submit_task($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                        $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18) t;
+FROM minion_submit_task($1, $2, $3, $4, $5, $6, minion_priority_within_cap($1, $7, $19), $8, $9, $10, $11,
+                        $12, $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18) t;
+
+-- name: priority_within_cap
+-- $2 when a submitter ($3: held to the cap) may give it to a task of team $1; else raises priority_above_cap.
+SELECT minion_priority_within_cap($1, $2, $3);
 
 -- name: task_request_hash
 SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $3;
@@ -268,3 +274,19 @@ SELECT b.lease_token, c.round, c.result_key, c.result_sha256, c.result_bytes, c.
 -- Compute-seconds and records of the attempts that ended at $1 or later, of team $2 (NULL: every
 -- team), grouped by $3 ('team', 'executor' or 'owner'): sql/schema/16_usage.sql.
 SELECT * FROM minion_usage($1, $2, $3);
+-- name: team_shares
+-- Each known team (one a token, task, executor or share names; $1: only that one) with its share in
+-- force (sql/schema/14_teams.sql), by name; updated_at NULL: the defaults, never set.
+SELECT s.team, s.weight, s.priority_cap, s.max_leases, s.updated_at
+  FROM (SELECT team FROM api_tokens WHERE team IS NOT NULL
+        UNION SELECT team FROM tasks
+        UNION SELECT team FROM executors WHERE team IS NOT NULL
+        UNION SELECT team FROM team_shares) k
+ CROSS JOIN LATERAL minion_team_share(k.team) s
+ WHERE $1::text IS NULL OR k.team = $1
+ ORDER BY s.team;
+
+-- name: set_team_share
+-- The team's share after the change (a NULL keeps that value), or no row when no token, task or
+-- executor names the team; a value out of bounds is a check_violation naming its constraint.
+SELECT team, weight, priority_cap, max_leases, updated_at FROM minion_set_team_share($1, $2, $3, $4);

@@ -30,8 +30,15 @@ SELECT minion_openai_delete_file($1);
 -- Whether any executor that is not offline advertises kind $1 with model $2 (minion_capability).
 SELECT EXISTS (SELECT 1 FROM executors WHERE capabilities @> ARRAY[minion_capability($1, $2)] AND status <> 'offline');
 
+-- name: priority_within_cap
+-- $2 when a submitter ($3: held to the cap) may give it to a task of team $1; else raises priority_above_cap.
+SELECT minion_priority_within_cap($1, $2, $3);
+
 -- name: submit_batch
-SELECT minion_openai_submit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
+-- $18 the task's priority, $19 whether the submitter is held to team $2's cap: above it raises
+-- priority_above_cap in this statement and nothing is submitted (sql/schema/14_teams.sql).
+SELECT minion_openai_submit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                                  minion_priority_within_cap($2, $18, $19));
 
 -- name: reject_batch
 SELECT minion_openai_reject_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);

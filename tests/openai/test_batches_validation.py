@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -102,3 +103,37 @@ async def test_files_and_batches_list_in_pages(database_url: str, tmp_path: Path
         assert (await c.call(c.client(other).batches.list)).data == []
         with pytest.raises(openai.NotFoundError):
             await c.call(c.client(other).batches.retrieve, made[0])
+
+
+async def test_a_users_batch_priority_is_held_to_its_teams_cap(database_url: str, tmp_path: Path) -> None:
+    """metadata.priority is the batch task's priority: a user's at most its team's cap (403 naming
+    it, nothing created), an admin's any; one that is not an integer from -1000 to 1000 is 422."""
+    async with openai_cluster(database_url, tmp_path) as c:
+        await _register_executor(c)
+        user, _ = await make_token(c.conn, "user", "alpha")
+        client = c.client(user)
+        file_id = await c.upload(client, [_line("a")])
+
+        def create(metadata: dict[str, str], on: openai.OpenAI = client) -> Any:
+            return on.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h",
+                                     metadata=metadata)
+
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await c.call(create, {"priority": "1"})
+        assert refused.value.code == "priority_above_cap" and "cap of 0" in refused.value.message
+        for bad in ("high", "1001", "1.5", "", " 1"):
+            with pytest.raises(openai.UnprocessableEntityError) as invalid:
+                await c.call(create, {"priority": bad})
+            assert "metadata.priority" in str(invalid.value.body), invalid.value.body
+        assert await c.conn.fetchval("SELECT count(*) FROM tasks") == 0
+
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {c.admin}"}) as http:
+            async with http.patch(f"{c.services.api_url}/api/v1/teams/alpha", json={"priority_cap": 3}) as r:
+                assert r.status == 200, await r.text()
+        at_cap = await c.call(create, {"priority": "3"})
+        with pytest.raises(openai.PermissionDeniedError, match="cap of 3"):
+            await c.call(create, {"priority": "+4"})
+        admin = await c.call(create, {"team": "alpha", "priority": "1000"}, c.client())
+        default = await c.call(create, {})
+        priorities = {r["name"]: r["priority"] for r in await c.conn.fetch("SELECT name, priority FROM tasks")}
+        assert priorities == {at_cap.id: 3, admin.id: 1000, default.id: 0}

@@ -450,3 +450,40 @@ async def _sign_in_as(page: Page, api_url: str, token: str) -> None:
     await page.fill("#token", token)
     await page.get_by_role("button", name="Sign in", exact=True).click()
     await expect(page.get_by_role("heading", name="Tasks", exact=True)).to_be_visible()
+
+
+async def test_a_priority_above_the_teams_cap_is_shown_at_the_priority_field(database_url: str,
+                                                                            tmp_path: Path) -> None:
+    """A team's user submits above the team's priority cap: the 403 names the cap under Priority, and
+    the same form submits once the priority is within it."""
+    conn = await connect(database_url)
+    try:
+        user, _ = await make_token(conn, "user", "search")
+    finally:
+        await conn.close()
+    console_errors: list[str] = []
+    async with running_api(database_url, tmp_path / "store") as api, async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await (await browser.new_context(viewport={"width": 1440, "height": 900})).new_page()
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        await page.goto(f"{api.url}/")
+        await page.fill("#token", user)
+        await page.get_by_role("button", name="Sign in", exact=True).click()
+        await expect(page.get_by_role("heading", name="Tasks", exact=True)).to_be_visible()
+        await page.goto(f"{api.url}/#/submit")
+        await page.fill("input[name=team]", "search")
+        await page.fill("input[name=project]", "ranker")
+        await page.fill("input[name=name]", "urgent")
+        await page.locator(".kind-card[data-kind=sleep]").click()
+        await page.fill("input[name=priority]", "5")
+        await page.fill("textarea[name=records]", '{"id": "r1", "ms": 10}')
+        await page.get_by_role("button", name="Submit task").click()
+        await expect(page.locator("#priority-error")).to_contain_text("above team search's priority cap of 0")
+        await expect(page.locator("#team-error")).to_be_hidden()
+        await _shot(page, "10-submit-priority-above-cap")
+
+        await page.fill("input[name=priority]", "0")
+        await page.get_by_role("button", name="Submit task").click()
+        await page.wait_for_url("**/#/tasks/search/ranker/urgent")
+        await browser.close()
+    assert [e for e in console_errors if "status of 403" not in e] == []

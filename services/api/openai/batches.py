@@ -1,5 +1,6 @@
 """/v1/batches: create (the input file checked and translated into a Minions task), show, cancel,
-list. Team from the token; project from metadata["project"] or "openai" (docs/OPENAI.md)."""
+list. Team from the token; project from metadata["project"] or "openai", priority from
+metadata["priority"] (within the team's cap for a user, as a native task's) (docs/OPENAI.md)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from minions.nul import NUL_RULE
 from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
-from minions.services.api.errors import conflict, invalid, not_found
+from minions.services.api.errors import ApiError, conflict, invalid, not_found
 from minions.services.api.openai.files import file_row
 from minions.services.api.openai.finalize import settle
 from minions.services.api.openai.lines import batched, bounded_lines
 from minions.services.api.openai.objects import batch_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
 from minions.services.api.openai.validate import InputCheck
+from minions.services.api.priority_cap import capped, refused_above_cap
 from minions.services.api.responses import json_response
 
 Q = Queries("openai")
@@ -32,6 +34,8 @@ DEFAULT_TEAM = "openai"  # for a token scoped to no team, unless metadata names 
 DEFAULT_PROJECT = "openai"
 WINDOW = re.compile(r"([0-9]{1,6})(h|m|s)")
 MAX_WINDOW_S = 7 * 24 * 3600
+PRIORITY = re.compile(r"[+-]?[0-9]{1,4}")  # ASCII digits: int() also takes other scripts' digits
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # a native task's (minions/task_fields.py)
 # A batch's body is a few ids and at most 16 metadata values: nothing bigger is read, let alone decoded.
 MAX_BODY_BYTES = 64 * 1024
 
@@ -55,7 +59,8 @@ def _metadata_problem(metadata: Any) -> str | None:
     return None
 
 
-def _team_and_project(principal: Principal, metadata: dict[str, str]) -> tuple[str, str]:
+def _placement(principal: Principal, metadata: dict[str, str]) -> tuple[str, str, int]:
+    """The batch task's team, project and priority, from the token and the batch's metadata."""
     team = principal.team or metadata.get("team") or DEFAULT_TEAM
     project = metadata.get("project") or DEFAULT_PROJECT
     problems = {}
@@ -64,9 +69,22 @@ def _team_and_project(principal: Principal, metadata: dict[str, str]) -> tuple[s
     for key, value in (("metadata.team", team), ("metadata.project", project)):
         if not is_name(value):
             problems[key] = "not a valid name (1-64 of A-Za-z0-9._-, starting alphanumeric)"
+    priority = _priority(metadata.get("priority", "0"))
+    if priority is None:
+        problems["metadata.priority"] = (f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, as a string "
+                                         "(metadata values are strings)")
     if problems:
         raise invalid(problems)
-    return team, project
+    assert priority is not None
+    return team, project, priority
+
+
+def _priority(value: str) -> int | None:
+    """A native task's priority written as metadata: "-3", "0", "+5" (never "²" or "1_000")."""
+    if not PRIORITY.fullmatch(value):
+        return None
+    priority = int(value)
+    return priority if MIN_PRIORITY <= priority <= MAX_PRIORITY else None
 
 
 @routes.post("/v1/batches")
@@ -93,12 +111,16 @@ async def create_batch(request: web.Request) -> web.Response:
         raise invalid(problems)
     assert isinstance(endpoint, str) and window_s is not None
     metadata = body.get("metadata") or {}
-    team, project = _team_and_project(principal, metadata)
+    team, project, priority = _placement(principal, metadata)
+    pool = request.app[POOL]
+    if capped(principal):  # before the input is read or copied; the submission judges it again
+        with refused_above_cap(team, priority):
+            await pool.fetchval(Q.priority_within_cap, team, priority, True)
     source = await file_row(request, principal, body["input_file_id"])
     if source["purpose"] != "batch":
         raise invalid({"input_file_id": f"the file's purpose is {source['purpose']}, not batch"})
 
-    pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
+    store, cluster = request.app[STORE], request.app[CLUSTER]
     batch_id = new_id("batch_")
     max_line = request.app[SETTINGS].openai_max_request_bytes
     check = InputCheck(endpoint, max_line)
@@ -120,10 +142,16 @@ async def create_batch(request: web.Request) -> web.Response:
         log.info("openai_batch_rejected", batch_id=batch_id, errors=check.error_count)
     else:
         assert check.model is not None
-        await pool.execute(Q.submit_batch, batch_id, team, project, kind, check.model, check.params,
-                           DEFAULT_SUBTASK_SIZE[kind], cluster.max_attempts, input_uri, endpoint, source["id"],
-                           body["completion_window"], window_s, body.get("metadata"), check.requests,
-                           check.records_total, principal.token_id, 0)
+        try:
+            with refused_above_cap(team, priority):
+                await pool.execute(Q.submit_batch, batch_id, team, project, kind, check.model, check.params,
+                                   DEFAULT_SUBTASK_SIZE[kind], cluster.max_attempts, input_uri, endpoint,
+                                   source["id"], body["completion_window"], window_s, body.get("metadata"),
+                                   check.requests, check.records_total, principal.token_id, priority,
+                                   capped(principal))
+        except ApiError:  # the cap was lowered since the check above: the copy is nobody's
+            await store.delete(input_uri)
+            raise
         log.info("openai_batch_submitted", batch_id=batch_id, team=team, project=project, requests=check.requests)
     return json_response(batch_object(await pool.fetchrow(Q.batch_by_id, batch_id)))
 

@@ -117,7 +117,9 @@ def _request_schemas() -> dict[str, Schema]:
             "metadata": _nullable({"type": "object", "maxProperties": 16,
                                    "additionalProperties": {"type": "string", "maxLength": 512, "pattern": NO_NUL},
                                    "description": "Keys up to 64 characters; `project` (and `team`, for a token "
-                                                  "scoped to none) name the task."}),
+                                                  "scoped to none) name the task; `priority`, an integer from "
+                                                  "-1000 to 1000 as a string, is its priority (a user's at most "
+                                                  "the team's priority cap)."}),
         }, required=["input_file_id", "endpoint", "completion_window"], additionalProperties=False),
         "OpenAIFileUpload": _object({
             "purpose": {"type": "string", "enum": list(PURPOSES)},
@@ -250,10 +252,13 @@ def paths() -> dict[str, Schema]:
                 "requestBody": {"required": True, "content": {JSON: {"schema": _ref("OpenAIBatchRequest")}}},
                 "responses": _responses(
                     _ok(_ref("OpenAIBatch"), "The batch, in progress or failed validation."), _AUTHED, _BODY,
+                    e403="Not a user token (`wrong_role`), or a user's `metadata.priority` above its team's "
+                         "priority cap (`priority_above_cap`, the cap in the message): nothing is created.",
                     e404=f"`input_file_id`: {not_found_file}",
                     e413=f"A body over {MAX_BODY_BYTES:,} bytes (`too_large`).",
                     e422="Invalid values, each named in `fields` (a window past 168h, metadata that does not "
-                         "name a valid team or project, a file that is not of purpose `batch`).",
+                         "name a valid team or project or a `priority` from -1000 to 1000, a file that is not "
+                         "of purpose `batch`).",
                 ),
             },
             "get": {

@@ -36,6 +36,7 @@ from minions.services.api.bodies import THREAD_ABOVE, json_object, query_int
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.inline_records import SpooledRecords
 from minions.services.api.inline_split import SplitRanges, cut_small
+from minions.services.api.priority_cap import capped, refused_above_cap
 from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.submission_body import read_submission
@@ -94,6 +95,11 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     ranges = await _small_split(request, task)
     input_uri = None
     if ranges is None or ranges.kept is None:
+        if capped(principal):
+            # Judged before an input object is written for it (and again by the submission itself,
+            # should an admin lower the cap meanwhile). A small task's submission alone judges it.
+            with refused_above_cap(task.team, task.priority):
+                await pool.fetchval(Q.priority_within_cap, task.team, task.priority, True)
         # An input object: not written for a re-submission of an existing task.
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
         if existing is not None:
@@ -105,10 +111,14 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
         if ranges is not None else (None,) * 5
     quota = request.app[SETTINGS].team_input_quota_bytes
     try:
-        row = await pool.fetchrow(
-            Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
-            task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split, quota,
-        )
+        # The team's priority cap is read by this very statement (a user's priority above it: 403,
+        # nothing committed), so the common submission stays one round trip.
+        with refused_above_cap(task.team, task.priority):
+            row = await pool.fetchrow(
+                Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
+                task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split,
+                quota, capped(principal),
+            )
     except asyncpg.ConfigurationLimitExceededError:  # a kept input past the team's quota: nothing committed
         raise inputs.quota_exceeded(task.team, int(await pool.fetchval(Q.team_input_bytes, task.team)),
                                     quota) from None

@@ -120,7 +120,7 @@ export function submitView(ctx) {
       h("div.grid-3",
         field("model", "Model", model),
         field("subtask_size", "Subtask size", subtaskSize, { help: "Records per subtask.", optional: true }),
-        field("priority", "Priority", priority, { help: "Higher runs first (−1000…1000).", optional: true })),
+        field("priority", "Priority", priority, { help: "Higher runs first (−1000…1000); a user's at most the team's cap (0 unless an admin set it).", optional: true })),
       field("params", "Parameters (JSON)", params, { wide: true, optional: true })),
     h("div.form-section",
       h("div.form-section-head", h("h2", "Records")),
@@ -293,6 +293,9 @@ export function submitView(ctx) {
         try {
           await api(taskPath(body.team, body.project, body.name));
         } catch { /* not visible: keep the message */ }
+      } else if (err.status === 403 && err.code === "priority_above_cap") {
+        // A user's priority above the team's cap: the message names the cap.
+        showError("priority", err.message);
       } else if (err.status === 403) {
         showError("team", err.message);
       } else {
