@@ -11,6 +11,10 @@ most of a short drill's cost.
 
 The shares are counted from the attempts' started_at (the claim's time) over the window in which
 both teams had work pending and the negotiation had seen both: from B's first claim to B's last one.
+
+Short form: A has 1,200 subtasks, more than the two agents (about 80 subtasks/s) run through all
+three parts (about 500), and is cancelled once the shares are seen. `MINIONS_CHAOS=long`: A has
+3,000 and runs to its end.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from minions.testing.cluster import Cluster, ClusterFactory, eventually, pick, sleep_records
+from minions.testing.cluster import LONG, Cluster, ClusterFactory, eventually, log_events, pick, sleep_records
 
 A_TEAM, B_TEAM, PROJECT = "team-a", "team-b", "drill"
 MS = 20
@@ -110,8 +114,15 @@ async def test_a_late_small_team_gets_its_share_weights_move_it_and_a_starving_t
     await eventually(registered, "2 agents to register", timeout=30)
     await _equal_weights(cluster)
     await _weights_three_to_one(cluster)
-    await cluster.client.cancel(A_TEAM, PROJECT, "bulk")
+    if LONG:  # A's bulk runs to its end: all of it done, none lost to the sharing
+        a = await _finished(cluster, A_TEAM, "bulk", timeout=A_SUBTASKS / 10)
+        assert a["status"] == "completed" and a["records"]["done"] == A_SUBTASKS, a
+    else:  # the short form has seen what it came for
+        await cluster.client.cancel(A_TEAM, PROJECT, "bulk")
     await _starving(cluster)
+    # Every negotiation ran: a failed one is only logged, and would leave the last turns standing.
+    failed = log_events(cluster.services.running["watchdog"].log(), "fair_share_failed")
+    assert not failed, failed
 
 
 async def _equal_weights(cluster: Cluster) -> None:
