@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,24 @@ class ManagedProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def stop_together(processes: Iterable[ManagedProcess], timeout: float = 10) -> None:
+    """SIGTERM every process first, then wait for them all within one `timeout`; kill -9 those still
+    running by then. Each shuts down in parallel with the others: stopping N services costs the
+    slowest one's shutdown, not the sum of all."""
+    signalled = []
+    for each in processes:
+        if each.process is not None and each.process.poll() is None:
+            each.process.send_signal(signal.SIGTERM)
+            signalled.append(each)
+    deadline = time.monotonic() + timeout
+    for each in signalled:
+        assert each.process is not None
+        try:
+            each.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            each.kill()
 
 
 @dataclass
@@ -145,11 +165,7 @@ class Services:
             raise AssertionError(f"API never became healthy:\n{self.running['api'].log()[-3000:]}")
 
     def stop_all(self) -> None:
-        for service in self.running.values():
-            try:
-                service.terminate(10)
-            except subprocess.TimeoutExpired:
-                service.kill()
+        stop_together(self.running.values())
 
     def logs(self) -> str:
         return "\n".join(f"--- {n} ---\n{s.log()[-4000:]}" for n, s in self.running.items())
