@@ -1,5 +1,5 @@
 """Draining a queue of one-record sleep subtasks, every arm in one run on one embedded PostgreSQL
-(issue 11 "Must show"), alternating arm by arm, medians of the runs:
+alternating arm by arm, medians of the runs:
 
     python bench/drain.py [--subtasks 20000] [--clients 16] [--runs 3] [--arms ...]
 
@@ -7,9 +7,9 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
   sql-baseline  direct SQL, `--clients` connections looping minion_claim + minion_complete, with the
                 task-progress functions as shipped at b1943b0 (bench/baseline_b1943b0.sql, applied
                 over the schema in the scratch database): every complete updates the task's row.
-  sql-new       the same loop with the functions of this tree (sql/180_task_progress_slots.sql).
+  sql-new       the same loop with the functions of this tree (sql/schema/04_tasks.sql).
   sql-batch10   the batched steps the API runs: minion_claim_batch of 10, then minion_complete_batch
-                of the leases won, in (task, subtask) order (sql/170, sql/220).
+                of the leases won, in (task, subtask) order (sql/schema/06_leases.sql).
   pgq-batch10   PgQueuer 1.6 (`pip install -e .[bench]`): `--clients` QueueManagers, one
                 connection each, drain no-op jobs with batch_size=10.
   pgq-batch1    the same, batch_size=1 (unbatched).
@@ -17,8 +17,8 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 in its transaction, an idle executor woken by the 'subtasks' NOTIFY claims it;
                 and through the API (the real services): POST /api/v1/tasks of a one-record inline
                 task until an executor waiting in its long-poll claim holds the lease (its record
-                kept in the database, sql/240; and, `submit-http-object`, written as an input
-                object as before); beside PgQueuer's enqueue -> entrypoint start (`--latency`
+                kept in the database, sql/schema/08_inputs.sql; and, `submit-http-object`, written as an input
+                object); beside PgQueuer's enqueue -> entrypoint start (`--latency`
                 samples each). Every arm leaves the system idle IDLE_BEFORE_S before each sample
                 (the HTTP arm's executor must be waiting in its long poll): an idle machine is slower
                 to answer, so back-to-back samples in one arm only would not compare. `--queued N`:
@@ -32,7 +32,7 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 complete. The API runs with MINIONS_INLINE_INPUT_BYTES=0 and
                 MINIONS_INPUT_IN_DATABASE_BYTES=0, so the claim carries no inline input and the
                 four requests are really four. (The other HTTP arms' task, its records at most 64
-                KiB up to ~3,000 subtasks, has its input kept in the database, sql/240: the claims
+                KiB up to ~3,000 subtasks, has its input kept in the database, sql/schema/08_inputs.sql: the claims
                 read it in their own statement.)
   http-inline1  the same services, inline inputs on (the default 64 KiB): one subtask per request, as
                 unbatched, but its input rides in the claim's answer and its output in the complete:
@@ -41,9 +41,9 @@ Arms (each run on a fresh database cloned from a migrated template, so every arm
                 `max=10`, reads the inputs inline from the claim's answer and completes all its
                 leases in one `POST /api/v1/leases/complete` carrying the outputs inline: two
                 requests per ten subtasks. Results of at most MINIONS_RESULT_IN_DATABASE_BYTES (4 KiB)
-                are committed in their subtask's row (sql/230), as every result here is.
+                are committed in their subtask's row (sql/schema/07_results.sql), as every result here is.
   http-batch10-objects  the same with MINIONS_RESULT_IN_DATABASE_BYTES=0: each verified result copied
-                to its own object (a file, an fsync, a rename), as before sql/230.
+                to its own object (a file, an fsync, a rename), as a result too big for its row is.
 The HTTP arms submit the task through the API (one record a subtask, split at submit), register
 their executors, then time the drain; claims use `wait=0`, so an executor stops at its first 204
 (the queue is empty), as the direct-SQL clients stop at their first empty claim. `--api-workers`
@@ -121,8 +121,8 @@ from minions.testing.processes import Services  # noqa: E402
 BASELINE_SQL = Path(__file__).resolve().parent / "baseline_b1943b0.sql"
 TEMPLATE = "bench_drain_template"
 # Latency arms: the idle time before each sample, the same in every arm. On this VM a statement after
-# 20 ms of idleness took 1.3 ms longer than one back to back (an ad hoc probe, BENCHMARKS "Drain,
-# eighth round"); the HTTP arm needs the gap (its executor must be waiting in its long poll).
+# 20 ms of idleness took 1.3 ms longer than one back to back (an ad hoc probe, docs/benchmarks/drain.md
+# "Submit -> first lease"); the HTTP arm needs the gap (its executor must be waiting in its long poll).
 IDLE_BEFORE_S = 0.02
 ALL_ARMS = ("sql-baseline", "sql-new", "sql-batch10", "pgq-batch10", "pgq-batch1", "http-unbatched",
             "http-inline1", "http-batch10", "http-batch10-objects")
@@ -379,7 +379,7 @@ async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace
     arms: tuple[tuple[str, Callable[[str, int], Awaitable[list[float]]]], ...] = (
         ("submit-sql", lambda url, n: sql_submit_latency(url, n, args.queued)),
         ("submit-http", lambda url, n: http_submit_latency(url, n, args)),
-        # The input as an object (sql/240's setting at 0): the path before small inputs were kept.
+        # The input as an object (sql/schema/08_inputs.sql's setting at 0): the path before small inputs were kept.
         ("submit-http-object", lambda url, n: http_submit_latency(url, n, args, "submit-http-object",
                                                                            MINIONS_INPUT_IN_DATABASE_BYTES="0")),
         ("pgq-enqueue", lambda url, n: pgq_start_latency(url, n, args.queued)))

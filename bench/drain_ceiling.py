@@ -14,7 +14,7 @@ Each variant keeps what the one before it dropped, and drops:
   -checks       the CHECK constraints of subtasks (state, lease and result consistency)
   -progress     task progress: minion_subtask_closed does nothing (no slot counts, no settle probe)
 
-The variants exist only in their scratch database, for this measurement: they answer what issue 11's
+The variants exist only in their scratch database, for this measurement: they answer what the target
 "direct SQL >= 2x the functions as shipped" would cost in invariants, not a change to make. A variant
 that dropped the attempt history or the progress is checked for every subtask completed once, not for
 the end state bench/drain.py checks (what it reads is gone).

@@ -1,5 +1,5 @@
-"""An embedding task through the whole system against the runner's own speed, side by side (issue 11
-"Must show": with one agent, >= 0.9x the runner's speed from bench/embed_agent.py).
+"""An embedding task through the whole system against the runner's own speed, side by side (the
+target: with one agent, >= 0.9x the runner's speed from bench/embed_agent.py).
 
     python bench/embed_system.py [--sentences 2000] [--rounds 3] [--threads 2] [--subtask-size 500]
 

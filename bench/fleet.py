@@ -1,4 +1,4 @@
-"""Many simulated executors against API replicas behind HAProxy (issue 14 item 3, first version).
+"""Many simulated executors against API replicas behind HAProxy.
 
     python bench/fleet.py [--executors 1000 2000] [--processes 4] [--subtasks 20000] [--idle-s 20] [--balancers 2]
 
@@ -229,7 +229,8 @@ async def run_count(n: int, args: argparse.Namespace) -> dict[str, Any]:
     # Behind a balancer every connection comes from its address: the API's per-address cap (a
     # slowloris guard, 256 by default) must exceed what one balancer holds to a replica, or the
     # replicas answer the fleet 429 and fail the balancer's own health checks (503 for everyone).
-    # The fleet registers under one executor token, all at once: its bounds (sql/360) are raised to fit.
+    # The fleet registers under one executor token, all at once: its registration bounds
+    # (minion_register_executor_bounded) are raised to fit.
     services = ReplicatedServices(url, root / "services", heartbeat_interval_s=heartbeat_s,
                                   lease_timeout_s=max(4 * heartbeat_s, 10.0), long_poll_s=LONG_POLL_S,
                                   extra_env={"MINIONS_LOG_LEVEL": "warning",

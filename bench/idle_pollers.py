@@ -1,4 +1,4 @@
-"""Statements an idle fleet costs the database (issue 11 "Must show": 1,000 idle long-pollers, at
+"""Statements an idle fleet costs the database (1,000 idle long-pollers; the target: at
 most 1 statement per executor per long-poll cycle, none while waiting).
 
     python bench/idle_pollers.py [--executors 1000] [--wait-s 5] [--cycles 3]
@@ -93,7 +93,7 @@ async def run(args: argparse.Namespace, server: EmbeddedPostgres) -> dict[str, A
     conn = await connect(server.url)
     await conn.execute("ALTER SYSTEM SET log_statement = 'all'")
     await conn.execute("SELECT pg_reload_conf()")
-    # Every executor registers under one token, at once: its bounds (sql/360) are raised to fit.
+    # Every executor registers under one token, at once: its bounds (sql/schema/05_executors.sql) are raised to fit.
     env = {"MINIONS_MAX_CONNECTIONS_PER_IP": str(args.executors + 100), "MINIONS_LONG_POLL_S": str(args.wait_s),
            "MINIONS_MAX_EXECUTORS_PER_TOKEN": str(args.executors),
            "MINIONS_REGISTRATIONS_PER_MINUTE": str(args.executors)}

@@ -1,4 +1,4 @@
-"""Memory and time of an inline POST /api/v1/tasks, on the real API process (issue 8, item 1).
+"""Memory and time of an inline POST /api/v1/tasks, on the real API process.
 
     python bench/inline_submit.py [--mb 60] [--runs 3] [--old REV --old-mb 10]
 

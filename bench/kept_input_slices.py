@@ -1,6 +1,6 @@
-"""What a claim pays to read its range of a kept input (sql/240): `minion_kept_input` over every
+"""What a claim pays to read its range of a kept input (sql/schema/08_inputs.sql): `minion_kept_input` over every
 subtask's range of one task, in random order, with task_inputs.data stored compressed (PostgreSQL's
-default for bytea, EXTENDED: what sql/240 keeps, the reference) and uncompressed (EXTERNAL), side by
+default for bytea, EXTENDED: what sql/schema/08_inputs.sql keeps, the reference) and uncompressed (EXTERNAL), side by
 side in one run, at the default MINIONS_INPUT_IN_DATABASE_BYTES (64 KiB) and at its most (1 MiB).
 
     python bench/kept_input_slices.py [--runs 5] [--records-per-subtask 10]

@@ -1,4 +1,4 @@
-"""Results of a big task on S3, before and after compaction (issue 14, item 6), in one run.
+"""Results of a big task on S3, before and after compaction, in one run.
 
 Against moto's S3 server (the tests' S3, /work/shared/ENV.md) and an embedded PostgreSQL, it seeds a
 completed `sleep` task of N subtasks whose verified results are real objects in the bucket (one per

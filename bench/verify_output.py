@@ -1,4 +1,4 @@
-"""What complete's output check costs per MB (issue 8, item 4), on the local store.
+"""What complete's output check costs per MB, on the local store.
 
 For one subtask's output of a given shape it times, side by side and alternating (the machine is
 shared and noisy, so only side-by-side numbers compare), each figure the median of the rounds:

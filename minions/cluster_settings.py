@@ -3,7 +3,7 @@
 SQL functions read them there (minion_lease_timeout_s(), minion_max_attempts()), so every process
 agrees by construction. A process that needs one in Python (the API tells executors the lease
 timeout; the watchdog times its deadlines by it) reads them at start and again on each
-NOTIFY minion_settings, which every change sends (sql/190_cluster_settings_live.sql).
+NOTIFY minion_settings, which every change sends (sql/schema/02_settings.sql).
 
 They are set by `minions settings set KEY VALUE`, or, for compatibility, by MINIONS_LEASE_TIMEOUT_S /
 MINIONS_MAX_ATTEMPTS given to `minions up` or `minions db migrate` (`apply_given`).

@@ -64,13 +64,13 @@ class Settings:
     public_url: str = _setting("", "MINIONS_PUBLIC_URL", "API URL as executors reach it (signed store URLs)", {API})
     straggler_factor: float = _setting(4.0, "MINIONS_STRAGGLER_FACTOR",
                                        "back up a lease running this many times the median (0: never)", {API, UP})
-    # sql/400_spot_checks.sql: set on the API's database sessions, read by the claim.
+    # sql/schema/11_checks.sql: set on the API's database sessions, read by the claim.
     spot_check_share: float = _setting(0.02, "MINIONS_SPOT_CHECK_SHARE",
                                        "share of a trusted executor's subtasks run again by another executor "
                                        "before they commit (0 to 1)", {API, UP})
     spot_check_team_shares: str = _setting("", "MINIONS_SPOT_CHECK_TEAM_SHARES",
                                            "teams with a share of their own: team=share,team=share "
-                                           "(sql/400)", {API, UP})
+                                           "(sql/schema/11_checks.sql)", {API, UP})
     spot_check_min_cosine: float = _setting(0.999, "MINIONS_SPOT_CHECK_MIN_COSINE",
                                             "two embeddings of a record agree at this cosine or more", {API, UP})
     spot_check_min_similarity: float = _setting(0.9, "MINIONS_SPOT_CHECK_MIN_SIMILARITY",
@@ -115,6 +115,18 @@ class Settings:
                                          {WATCHDOG})
     result_part_bytes: int = _setting(64 * 1024**2, "MINIONS_RESULT_PART_BYTES",
                                       "size a compacted result part grows to", {WATCHDOG})
+    # Fair share between teams (sql/schema/15_fair_share.sql): the watchdog's negotiation.
+    fair_share_interval_s: float = _setting(1.0, "MINIONS_FAIR_SHARE_INTERVAL_S",
+                                            "how often the watchdog recomputes whose turn it is between teams "
+                                            "(0: off, plain priority-then-FIFO)", {WATCHDOG})
+    fair_share_half_life_s: float = _setting(3600.0, "MINIONS_FAIR_SHARE_HALF_LIFE_S",
+                                             "half-life of a team's recent usage (compute-seconds)", {WATCHDOG})
+    fair_share_round: int = _setting(60, "MINIONS_FAIR_SHARE_ROUND",
+                                     "turns in a round of the teams sharing a queue (shares are multiples of "
+                                     "1/round)", {WATCHDOG})
+    starvation_s: float = _setting(300.0, "MINIONS_STARVATION_S",
+                                   "a task with work pending and no lease this long while executors that "
+                                   "could serve it are busy elsewhere is warned as starving", {WATCHDOG})
 
     # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
@@ -126,7 +138,7 @@ class Settings:
     max_connections_per_ip: int = _setting(256, "MINIONS_MAX_CONNECTIONS_PER_IP",
                                            "open connections one address may hold, across the API's "
                                            "workers (more: 429)", {API})
-    # Registration (sql/360_bounded_registration.sql): what one executor token may add to `executors`.
+    # Registration (sql/schema/05_executors.sql): what one executor token may add to `executors`.
     max_executors_per_token: int = _setting(1000, "MINIONS_MAX_EXECUTORS_PER_TOKEN",
                                             "executor names one token may register (more: 403)", {API})
     registrations_per_minute: int = _setting(60, "MINIONS_REGISTRATIONS_PER_MINUTE",
@@ -143,12 +155,12 @@ class Settings:
                                          "begun at the end)", {API})
     inline_output_bytes: int = _setting(1024 * 1024, "MINIONS_INLINE_OUTPUT_BYTES",
                                         "largest output a complete may carry inline (0: never)", {API})
-    # sql/230_results_in_database.sql: a small result is committed in its subtask's row, no object per
+    # sql/schema/07_results.sql: a small result is committed in its subtask's row, no object per
     # subtask (a file, an fsync and a rename, or an S3 PUT); the parts of compaction take it from there.
     result_in_database_bytes: int = _setting(4 * 1024, "MINIONS_RESULT_IN_DATABASE_BYTES",
                                              "inline outputs up to this are kept in the database, not as an "
                                              "object each (0: never)", {API})
-    # sql/240_inputs_in_database.sql: the inline records of a task split at submission are committed
+    # sql/schema/08_inputs.sql: the inline records of a task split at submission are committed
     # with it, no input object (an input_objects row, a file, an fsync and a rename, or an S3 PUT);
     # its claims send their ranges from there, whatever MINIONS_INLINE_INPUT_BYTES says.
     input_in_database_bytes: int = _setting(64 * 1024, "MINIONS_INPUT_IN_DATABASE_BYTES",
@@ -173,6 +185,12 @@ class Settings:
             problems.append("MINIONS_SPOT_CHECK_MIN_SIMILARITY must be from 0 to 1")
         if self.spot_check_wait_s <= 0:
             problems.append("MINIONS_SPOT_CHECK_WAIT_S must be > 0")
+        if self.fair_share_interval_s < 0:
+            problems.append("MINIONS_FAIR_SHARE_INTERVAL_S must be >= 0 (0 turns fair share off)")
+        if self.fair_share_half_life_s <= 0 or self.starvation_s <= 0:
+            problems.append("MINIONS_FAIR_SHARE_HALF_LIFE_S and MINIONS_STARVATION_S must be > 0")
+        if not 1 <= self.fair_share_round <= 10000:
+            problems.append("MINIONS_FAIR_SHARE_ROUND must be from 1 to 10000")
         if self.trust_agreements < 0:
             problems.append("MINIONS_TRUST_AGREEMENTS must be >= 0")
         if self.quarantine_after < 1:
@@ -258,7 +276,7 @@ def check_lease_timeout(lease_timeout_s: float, heartbeat_interval_s: float) -> 
 @dataclass(frozen=True)
 class ClientSettings:
     """What a client (the CLI, the SDK, the agent) reads from its environment; empty: not given
-    (minions/cli/connection.py then looks in a local `minions up`'s up.json)."""
+    (minions/sdk/client.py `client_settings` then looks in a local `minions up`'s up.json)."""
 
     api_url: str = field(default="", metadata={"env": "MINIONS_API_URL", "help": "where clients connect"})
     token: str = field(default="", metadata={"env": "MINIONS_TOKEN", "help": "bearer token of clients"})

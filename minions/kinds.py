@@ -1,8 +1,10 @@
-"""The task kinds, their params and default subtask sizes, and the task statuses: defined here once.
+"""The task kinds, their params and default subtask sizes, the task statuses, the subtask states and
+the attempt outcomes: defined here once.
 
 The API's validation, the OpenAPI document, the executor runners, the CLI, the SDK and the web UI
-(through GET /api/v1/meta) all read these; sql/001_tables.sql restates the kinds and the statuses in
-CHECK constraints, and tests/test_kinds.py holds the two in step.
+(through GET /api/v1/meta) all read these; the schema restates the kinds, statuses, states and
+outcomes in CHECK constraints, and tests/test_kinds.py reads those back from the catalog of a
+migrated database and holds the two in step.
 """
 
 from __future__ import annotations
@@ -16,8 +18,21 @@ TASK_STATUSES: Final = ("submitted", "splitting", "queued", "running", "complete
 FINISHED_TASK_STATUSES: Final = ("completed", "failed", "cancelled")
 # A task in one of these has no subtasks yet: the splitter (or a small submission) has not split it.
 UNSPLIT_TASK_STATUSES: Final = ("submitted", "splitting")
-# checking: completed once, its result held until a spot check's replica agrees (sql/400).
+# checking: completed once, its result held until a spot check's replica agrees.
 SUBTASK_STATES: Final = ("pending", "leased", "checking", "done", "failed", "cancelled")
+# How an ended attempt (a row of subtask_attempts) ended. lost: its lease expired; released: its
+# executor gave it back; superseded: another lease's result for the subtask committed first. The
+# spot checks add: candidate, a result held for a check; agreed, a replica that matched the committed
+# result; outvoted, a result on the losing side of a quorum (or of no quorum); revoked, a committed
+# result of an executor later quarantined, run again; unchecked, a held result committed because no
+# check could finish in time.
+ATTEMPT_OUTCOMES: Final = ("done", "failed", "lost", "released", "cancelled", "superseded", "candidate", "agreed",
+                           "outvoted", "revoked", "unchecked")
+# A subtask's history (GET .../subtasks) lists the lease in progress, which has no row yet, with this outcome.
+RUNNING_ATTEMPT: Final = "running"
+# The attempts whose work did not stand (the subtask ran again, or failed): what the web UI counts as
+# retries and failures.
+PROBLEM_ATTEMPT_OUTCOMES: Final = ("failed", "lost", "released", "cancelled", "outvoted", "revoked")
 # Records per subtask when a submission gives none: a completion record costs far more than an
 # embedding one, so it is cut smaller to keep a lease short.
 DEFAULT_SUBTASK_SIZE: Final = {"embedding": 500, "completion": 50, "sleep": 100}

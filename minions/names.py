@@ -1,12 +1,17 @@
 """Names of teams, projects and tasks (API.md): 1-64 of [A-Za-z0-9._-], starting alphanumeric.
-The schema's `minion_name` domain enforces the same rule."""
+
+The rule is written here once: the executor protocol's messages and the OpenAPI document take
+NAME_PATTERN as it is, and the schema's `minion_name` domain checks the same pattern
+(tests/test_kinds.py reads it back from the catalog)."""
 
 from __future__ import annotations
 
 import re
 
-# \Z, not $: "$" also matches before a trailing newline, which the database then refuses.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+# As JSON Schema (ECMA-262) and PostgreSQL read it: there "$" is the end of the text.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# For Python, \Z instead of $: "$" also matches before a trailing newline, which the database refuses.
+NAME = re.compile(NAME_PATTERN.removesuffix("$") + r"\Z")
 NAME_RULE = "1-64 characters of [A-Za-z0-9._-], starting with a letter or digit"
 
 

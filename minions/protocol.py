@@ -19,12 +19,15 @@ import msgspec
 from msgspec import Meta, Struct
 
 from minions.kinds import KINDS
+from minions.names import NAME_PATTERN
 
 MAX_NUMBER = 2**31 - 1  # what the database's integer columns hold
 MAX_TOKENS = 1000  # leases named in one heartbeat or one batched request
 NO_NUL = r"^[^\u0000]*$"  # stored text cannot hold U+0000 (PostgreSQL)
 NOT_BLANK = r"\S"
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# A failure's text is kept to this many characters (the rest is cut, not refused): enough for any
+# traceback's last frames, small enough to list in a task's subtasks. An executor need send no more.
+MAX_ERROR_CHARS = 4000
 
 Count = Annotated[int, Meta(ge=0, le=MAX_NUMBER)]
 Seconds = Annotated[float, Meta(ge=0, le=MAX_NUMBER)]
@@ -61,7 +64,8 @@ _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
 
 
 class ModelFingerprint(Struct, kw_only=True):
-    """What the executor loaded for one model it serves (sql/390): the task it starts is pinned to it."""
+    """What the executor loaded for one model it serves (sql/schema/05_executors.sql): the task it
+    starts is pinned to it."""
 
     model: Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL,
                                description="One of the registration's `models`.")]
@@ -209,7 +213,8 @@ class Completion(Struct, kw_only=True, omit_defaults=True):
 
 
 class Failure(Struct, kw_only=True, omit_defaults=True):
-    error: Annotated[str, Meta(min_length=1, pattern=NOT_BLANK, description="What went wrong.")]
+    error: Annotated[str, Meta(min_length=1, pattern=NOT_BLANK, description=(
+        f"What went wrong; its first {MAX_ERROR_CHARS:,} characters are kept."))]
     retryable: Annotated[bool, Meta(description="Whether another attempt may succeed.")] = True
 
 

@@ -2,11 +2,11 @@
 large reads instead of one per subtask.
 
 Results are committed one object per subtask (the verified copies of 070), or, when small, in the
-subtask's row (sql/230). Reading them back is a round trip per object, an hour for a 200,000-subtask
+subtask's row (sql/schema/07_results.sql). Reading them back is a round trip per object, an hour for a 200,000-subtask
 task on S3. Once a task has completed, its committed results are copied, in subtask order (each
 object checked against the SHA-256 recorded at complete; a row's bytes were checked by PostgreSQL
 when they were written), into parts of about MINIONS_RESULT_PART_BYTES (`parts/<task>/<part>-<nonce>.jsonl`), each
-recorded with its own SHA-256 and size (sql/210_result_parts.sql). Clients then fetch the parts by
+recorded with its own SHA-256 and size (sql/schema/07_results.sql). Clients then fetch the parts by
 presigned GET straight from the store.
 
 Crash safety: a part is written, then recorded; one written but not recorded (a kill -9 between the
@@ -29,9 +29,9 @@ from typing import Any
 import asyncpg
 
 from minions import readahead
+from minions.committed_results import VERIFY_IN_MEMORY, read_committed
 from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.verified_output import VERIFY_IN_MEMORY, read_committed
 from minions.store.base import ObjectStore, StoreError
 
 Q = Queries("compact")

@@ -1,7 +1,7 @@
 """The retention job: deletes finished tasks older than MINIONS_RETENTION_DAYS with
 their subtasks and attempt history, so `subtasks` and `subtask_attempts` stop growing without bound.
 
-The database decides and deletes (minion_retention_step, sql/200_retention.sql), one batch of
+The database decides and deletes (minion_retention_step, sql/schema/12_retention.sql), one batch of
 subtasks per call and so per transaction: no lock is held longer than one batch. Only one run at a
 time across the cluster (several watchdogs, an operator's `minions gc --retention`): the run holds a
 session advisory lock, and a second contender skips instead of waiting. Their objects are then the

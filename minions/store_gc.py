@@ -9,7 +9,7 @@ Garbage, once older than the grace period:
   result nor a live lease's; committed results under `results/` (the verified copies) of deleted
   tasks, and copies no subtask names; both once their task's results are compacted into parts;
 - result parts under `parts/` that no row records (a compaction killed or beaten before recording);
-- small results kept in the database (sql/230) of tasks compacted that long ago: their rows' bytes;
+- small results kept in the database (sql/schema/07_results.sql) of tasks compacted that long ago: their rows' bytes;
 - partial writes: temp files a killed API left (local store), unfinished multipart uploads (S3).
 The database decides what is garbage; this module only lists the store and deletes."""
 
@@ -51,7 +51,7 @@ class GcReport:
     inputs: Tally = field(default_factory=Tally)
     outputs: Tally = field(default_factory=Tally)
     partials: Tally = field(default_factory=Tally)
-    kept: Tally = field(default_factory=Tally)  # results kept in rows (sql/230) whose bytes were dropped
+    kept: Tally = field(default_factory=Tally)  # results kept in rows whose bytes were dropped
     errors: int = 0
 
     @property

@@ -291,6 +291,10 @@ async def test_meta_lists_the_kinds_params_and_statuses_the_server_checks(api: A
                                                                "default": "mean"}
     assert meta["finished_task_statuses"] == ["completed", "failed", "cancelled"]
     assert meta["unsplit_task_statuses"] == ["submitted", "splitting"]
+    assert meta["subtask_states"] == ["pending", "leased", "checking", "done", "failed", "cancelled"]
+    assert meta["attempt_outcomes"][:3] == ["done", "failed", "lost"] and "outvoted" in meta["attempt_outcomes"]
+    assert meta["running_attempt"] == "running"
+    assert set(meta["problem_attempt_outcomes"]) < set(meta["attempt_outcomes"])
     # What it says is what a submission is held to: the bound it names is the one the server applies.
     limit = meta["kinds"]["embedding"]["params"]["max_length"]["maximum"]
     for max_length, status in ((limit, 201), (limit + 1, 422)):

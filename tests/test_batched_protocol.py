@@ -1,4 +1,4 @@
-"""The batched executor protocol (issue 11): claims of many subtasks racing, batched completes with
+"""The batched executor protocol: claims of many subtasks racing, batched completes with
 mixed outcomes, inline inputs and outputs on the local store, fencing of stale tokens in a batch."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import yarl
 
-from minions import jsoncodec
+from minions import jsoncodec, protocol
 from minions.testing.factories import make_task
 from tests.support.api import ApiHarness, running_api
 from tests.support.leases import sleep_output
@@ -84,8 +84,8 @@ async def test_fifty_racers_asking_for_ten_each_lease_every_subtask_exactly_once
 @pytest.mark.parametrize("in_database", [True, False], ids=["kept-in-row", "result-object"])
 async def test_inline_input_and_output_round_trip_on_the_local_store(database_url: str, tmp_path: Path,
                                                                      in_database: bool) -> None:
-    """A small inline output is committed in its subtask's row (sql/230), no result object written;
-    with MINIONS_RESULT_IN_DATABASE_BYTES=0 it is copied to a result object, as before. Either way the
+    """A small inline output is committed in its subtask's row (sql/schema/07_results.sql), no result object written;
+    with MINIONS_RESULT_IN_DATABASE_BYTES=0 it is copied to a result object. Either way the
     results read back are the verified bytes."""
     async with running_api(database_url, tmp_path / "store", **({} if in_database else
                                                                  {"result_in_database_bytes": 0})) as api:
@@ -181,7 +181,7 @@ async def test_a_batched_complete_answers_each_lease_one_lost_among_good_ones(
         assert [r["token"] for r in results] == [*tokens, "not-a-token"]
         assert [r["status"] for r in results] == [200, 200, 409, 200, 409]
         assert results[2]["error"]["code"] == "lease_lost" and results[4]["error"]["code"] == "lease_lost"
-        # A retried batch answers the committed ones as before (200) and changes nothing.
+        # A retried batch answers the committed ones 200 again and changes nothing.
         again = await api.call("POST", "/api/v1/leases/complete", token="executor", json={"leases": items[:2]})
         assert [r["status"] for r in again.body["results"]] == [200, 200]
         # Nothing left to commit at all: still one answer per lease.
@@ -234,3 +234,19 @@ async def test_a_stale_token_in_a_batch_is_fenced_and_changes_nothing(database_u
         finally:
             await conn.close()
         assert dict(row) == {"state": "leased", "token": again["lease"]["token"]}, "the live lease is untouched"
+
+
+async def test_a_failures_text_is_kept_to_the_protocols_cap(database_url: str, tmp_path: Path) -> None:
+    async with running_api(database_url, tmp_path / "store") as api:
+        task_id, _ = await _task(database_url, tmp_path / "store", 1)
+        [lease] = await _claim(api, await api.register("talker"), 1)
+        error = "Traceback: " + "z" * protocol.MAX_ERROR_CHARS
+        failed = await api.call("POST", "/api/v1/leases/fail", token="executor", json={
+            "leases": [{"token": lease["lease"]["token"], "error": error, "retryable": True}]})
+        assert failed.body["results"][0]["status"] == 200, failed.body
+        conn = await asyncpg.connect(database_url)
+        try:
+            kept = await conn.fetchval("SELECT last_error FROM subtasks WHERE task_id = $1", task_id)
+        finally:
+            await conn.close()
+        assert kept == error[:protocol.MAX_ERROR_CHARS]

@@ -247,11 +247,11 @@ async def test_readonly_role_reads_views_only(database_url: str, sql: str) -> No
 
 
 async def test_role_is_created_once_per_cluster(database_url: str) -> None:
-    """The role block is idempotent: re-running the migration file's SQL in another database of the
-    same server (the role already exists) succeeds and grants again."""
+    """The role block is idempotent: re-running the schema's role and grant blocks in another database
+    of the same server (the role already exists) succeeds and grants again."""
     admin = await connect(database_url)
     try:
-        sql = (ROOT / "sql" / "050_views.sql").read_text()
+        sql = (ROOT / "sql" / "schema" / "99_grants.sql").read_text()
         role_blocks = sql[sql.index("DO $$"):]
         await admin.execute(role_blocks)
         attrs = await admin.fetchrow(
@@ -328,7 +328,7 @@ def test_macros_expand_like_grafana() -> None:
 
 
 async def _spot_checks(conn: asyncpg.Connection) -> dict[str, uuid.UUID]:
-    """Team 'search', three executors of three owners (sql/400's checks, every lease checked): 'liar'
+    """Team 'search', three executors of three owners (sql/schema/11_checks.sql's checks, every lease checked): 'liar'
     commits one result of an open task unchecked, then loses a quorum to 'honest' and 'referee' and is
     quarantined by hand (its committed result revoked); 'referee' holds a result until the check times
     out (unchecked); 'honest' holds one still (candidate)."""
@@ -447,7 +447,7 @@ async def test_trust_views_and_panels(database_url: str) -> None:
 
 async def test_trust_views_read_only_the_checked_attempts(database_url: str) -> None:
     """Neither view scans the hot path's attempts: with 20,000 attempts of which 2 % are checks',
-    both read the partial index of checks' attempts (sql/401), never the whole table."""
+    both read the partial index of checks' attempts (sql/schema/13_grafana.sql), never the whole table."""
     admin = await connect(database_url)
     try:
         _, token_id = await make_token(admin, "executor")

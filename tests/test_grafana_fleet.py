@@ -77,8 +77,33 @@ async def test_rules_are_quiet_on_a_healthy_fleet(database_url: str) -> None:
     finally:
         await conn.close()
     assert set(firing) == {"minions-no-executor", "minions-oldest-pending", "minions-failure-rate",
-                           "minions-splitter-silent", "minions-watchdog-silent"}
+                           "minions-splitter-silent", "minions-watchdog-silent", "minions-starving"}
     assert not any(firing.values()), firing
+
+
+async def test_the_starving_rule_fires_on_a_task_left_waiting_while_its_executors_serve_others(
+        database_url: str) -> None:
+    admin = await connect(database_url)
+    try:
+        _, token_id = await make_token(admin, "executor")
+        busy = await make_task(admin, team="team-a", subtasks=3)
+        waiting = await make_task(admin, team="team-b", subtasks=3)
+        await admin.execute("UPDATE tasks SET created_at = now() - interval '10 minutes'")
+        ex: uuid.UUID = await admin.fetchval(
+            """SELECT minion_register_executor($1, NULL, 'box', '{}'::jsonb, ARRAY['sleep'], '{}',
+                                               '[{"team": "team-a"}]'::jsonb)""", token_id)
+        leased = await admin.fetch("SELECT * FROM minion_claim_batch($1, $2, 1)", ex, token_id)
+        assert [r["task_id"] for r in leased] == [busy]
+        await admin.fetchval("SELECT minion_fair_share_cycle(3600, 60, 300)")
+    finally:
+        await admin.close()
+    conn = await _as_grafana(database_url)
+    try:
+        firing = await _firing(conn)
+    finally:
+        await conn.close()
+    assert [(r["team"], r["value"] >= 600) for r in firing["minions-starving"]] == [("team-b", True)]
+    assert waiting
 
 
 async def test_each_rule_fires_on_its_problem(database_url: str) -> None:

@@ -61,7 +61,7 @@ async def test_waiting_claims_run_no_queries_until_work_appears(tmp_path: Path) 
 
 
 async def test_an_idle_long_poll_cycle_costs_one_statement(tmp_path: Path) -> None:
-    """Issue 11: one statement per long-poll cycle (the fused claim), none while waiting, and no
+    """One statement per long-poll cycle (the fused claim), none while waiting, and no
     second claim when the wait times out (the answer is 204 from the wait)."""
     async with _logging_postgres(tmp_path) as pg:
         async with running_api(pg.url, tmp_path / "store") as api:

@@ -1,4 +1,4 @@
-"""Small inputs kept in the database (sql/240_inputs_in_database.sql): the inline records of a task
+"""Small inputs kept in the database (sql/schema/08_inputs.sql): the inline records of a task
 split at submission are committed with it, no input object; every claim sends its range from there,
 complete checks and the error lines of results read it, and the schema holds an input in one place."""
 

@@ -1,4 +1,4 @@
-"""Logs (issue 9 item 5): one pipeline for our events and the libraries', snake_case event names,
+"""Logs: one pipeline for our events and the libraries', snake_case event names,
 the API's access log, each `minions up` child event printed once, agent log files that hold JSON only."""
 
 from __future__ import annotations

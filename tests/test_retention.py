@@ -1,4 +1,4 @@
-"""The retention job (issue 14 item 4): finished tasks older than the retention age go with their
+"""The retention job: finished tasks older than the retention age go with their
 subtasks and history, in batches; running and recent tasks stay; one run at a time; the watchdog runs
 it and `minions gc --retention` runs it by hand. Their objects are then the store collector's."""
 

@@ -21,11 +21,11 @@ import orjson
 import pytest
 
 from minions.db.connect import connect
-from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Lines, Subtask
 from minions.services.splitter.listener import Wakeup
 from minions.services.splitter.split import split_task
 from minions.services.splitter.worker import RetryBook, Worker, lost_connection
 from minions.store.local import LocalStore
+from minions.subtask_cutter import Cutter, IdFinder, InputError, Lines, Subtask
 from minions.testing.factories import make_executor, make_token
 from tests.support.settling import task_left_to_the_splitter
 
@@ -472,7 +472,7 @@ def test_a_notification_naming_no_task_asks_for_a_sweep() -> None:
 
 async def test_a_worker_settles_the_tasks_named_and_sweeps_the_rest_only_when_asked(
         conn: asyncpg.Connection, store: LocalStore, database_url: str) -> None:
-    """A notification costs a look at the task it names, not a sweep of every open task (sql/280)."""
+    """A notification costs a look at the task it names, not a sweep of every open task (sql/schema/04_tasks.sql)."""
     _, token_id = await make_token(conn, "executor")
     executor = await make_executor(conn, token_id)
     wakeup = Wakeup()

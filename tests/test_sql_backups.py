@@ -10,7 +10,7 @@ import asyncpg
 from minions.db.connect import connect
 from minions.testing.factories import make_executor, make_task, make_token, silence
 
-# A lease's referee row (sql/030) goes with the lease, whichever copy completes (sql/290 deletes it by
+# A lease's referee row goes with the lease, whichever copy completes (minion_complete deletes it by
 # the subtask's lease token, which a backup's completion must find too).
 REFEREE_ROWS = "SELECT count(*) FROM minion_subtask_acquirement WHERE task_id = $1"
 

@@ -1,4 +1,4 @@
-"""The batched steps in SQL (sql/220_hot_path_steps.sql): a batched claim takes what the
+"""The batched steps in SQL (sql/schema/06_leases.sql): a batched claim takes what the
 same number of single claims would, in the same order, and a batched complete or fail ends its tasks
 exactly once, deciding after its last close."""
 
@@ -171,7 +171,7 @@ async def _claim_reading_tasks(conn: asyncpg.Connection, ex: uuid.UUID,
 
 
 async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_project(database_url: str) -> None:
-    """The claim runs on generic plans (sql/250): the task preferred by name is found by its name,
+    """The claim runs on generic plans (sql/schema/06_leases.sql): the task preferred by name is found by its name,
     not by reading every task of its project and filtering."""
     conn, token_id = await _setup(database_url)
     await conn.execute(
@@ -189,9 +189,9 @@ async def test_a_claim_preferring_a_task_by_name_reads_that_task_not_its_whole_p
 
 
 async def test_the_claim_carries_its_plan_settings(database_url: str) -> None:
-    """sql/250's and sql/310's settings ride on the function: a later CREATE OR REPLACE of
-    minion_claim_batch that forgot them would silently bring back a planning of every claim, or scans
-    of the whole subtasks table."""
+    """The claim's plan settings are the function's own (generic plans, no sequential scans): a
+    definition of minion_claim_batch without them would silently bring back a planning of every
+    claim, or scans of the whole subtasks table."""
     conn = await connect(database_url)
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regprocedure",
                                  "minion_claim_batch(uuid, bigint, integer, double precision)")
@@ -200,7 +200,7 @@ async def test_the_claim_carries_its_plan_settings(database_url: str) -> None:
 
 
 async def test_a_claim_planned_on_small_tables_scans_none_of_them_later(database_url: str) -> None:
-    """sql/310: the claim's cached plans, made while the tables were one page, still read subtasks,
+    """sql/schema/06_leases.sql: the claim's cached plans, made while the tables were one page, still read subtasks,
     tasks and the referee table by index once they hold more (no sequential scan in the claim's own
     transaction's statistics)."""
     conn, token_id = await _setup(database_url)
@@ -222,7 +222,7 @@ async def test_a_claim_planned_on_small_tables_scans_none_of_them_later(database
 
 async def test_a_claim_preferring_a_project_reads_its_open_tasks_not_its_history(database_url: str) -> None:
     """A project's finished tasks stay until retention removes them (30 days by default): a claim
-    preferring the project looks up its open tasks only (sql/270)."""
+    preferring the project looks up its open tasks only (sql/schema/06_leases.sql)."""
     conn, token_id = await _setup(database_url)
     await conn.execute(
         """INSERT INTO tasks (team, project, name, kind, model, priority, subtask_size, max_attempts, input_uri,
@@ -241,7 +241,7 @@ async def test_a_claim_preferring_a_project_reads_its_open_tasks_not_its_history
 
 
 async def test_a_claim_starts_each_task_it_takes_from_once_and_leaves_a_running_one_be(database_url: str) -> None:
-    """sql/320: only tasks still 'splitting' or 'queued' are updated to 'running', in the claim that
+    """sql/schema/06_leases.sql: only tasks still 'splitting' or 'queued' are updated to 'running', in the claim that
     takes their first subtask; a later claim leaves the row (and its started_at) as it is."""
     conn, token_id = await _setup(database_url)
     queued = await make_task(conn, subtasks=3)
@@ -262,7 +262,7 @@ async def test_a_claim_starts_each_task_it_takes_from_once_and_leaves_a_running_
     assert {status for status, at in started.values() if at is not None} == {"running"} and len(started) == 2
     # A later claim of the running task takes its subtask and leaves the task's row alone: it runs no
     # UPDATE of tasks at all (one that matches no row changes no xmin; a statement trigger still counts
-    # it, as it counted the no-op UPDATE every claim ran before sql/320).
+    # it, as it counted the no-op UPDATE every claim ran before sql/schema/06_leases.sql).
     await conn.execute("""
         CREATE FUNCTION test_count_task_updates() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN

@@ -1,4 +1,4 @@
-"""An embedding task's vectors have one length (sql/380_embedding_dimension.sql): the first complete
+"""An embedding task's vectors have one length (sql/schema/07_results.sql): the first complete
 that commits vectors fixes it on the task's row; any later complete with another length is refused
 with nothing changed, its lease still live; two concurrent first completes cannot fix two."""
 

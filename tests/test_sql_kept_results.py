@@ -1,4 +1,4 @@
-"""Small results kept in the subtask's row (sql/230_results_in_database.sql): the schema holds a result
+"""Small results kept in the subtask's row (sql/schema/07_results.sql): the schema holds a result
 in one place only, and only bytes that match the SHA-256 and size recorded for them."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ async def test_a_complete_reads_its_referee_row_not_every_lease_since_the_last_v
     """Every claim inserts a referee row and every complete deletes one, so between two vacuums the
     table grows by a page every few dozen leases while it holds one live row per lease. A complete
     deleted its row by a sequential scan of all those pages, on the plan its connection cached while
-    the table was one page; sql/290 deletes it through the token's index, whatever the cached plan."""
+    the table was one page; sql/schema/06_leases.sql deletes it through the token's index, whatever the cached plan."""
     COMPLETE = "SELECT minion_complete($1, $2, 0.1)"
     conn, token_id = await _setup(database_url)
     await conn.execute("ALTER TABLE minion_subtask_acquirement SET (autovacuum_enabled = false)")
@@ -301,7 +301,7 @@ async def test_progress_counters_agree_with_a_recount_through_every_transition(d
 
 
 async def test_the_output_key_keeps_its_layout_and_is_folded_into_the_statement(database_url: str) -> None:
-    """sql/330: the key sql/020 made with format(), from an expression the planner inlines (no call
+    """minion_output_key: the key's layout is kept, from an expression the planner inlines (no call
     of the SQL-function executor per lease)."""
     conn = await connect(database_url)
     for task_id, subtask_id, attempt in ((1, 0, 1), (9_007_199_254_740_993, 2_147_483_647, 12)):

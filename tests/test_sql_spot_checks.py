@@ -1,4 +1,4 @@
-"""Replicated spot checks and earned trust in SQL (sql/400): the state machine a checked subtask goes
+"""Replicated spot checks and earned trust in SQL (sql/schema/11_checks.sql): the state machine a checked subtask goes
 through (held, replica, quorum), what a lost replica does, and quarantine."""
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ async def test_an_unchecked_complete_reads_nothing_of_the_checks(database_url: s
         before = dict(await conn.fetch(touched))
         assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
         after = dict(await conn.fetch(touched))
-    # executors: the attempt's foreign key check, as before (one index probe); nothing else.
+    # executors: the attempt's foreign key check (one index probe), as without spot checks; nothing else.
     assert after["subtask_checks"] - before.get("subtask_checks", 0) == 0
     assert after["executors"] - before.get("executors", 0) == 1
     async with conn.transaction():

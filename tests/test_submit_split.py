@@ -1,4 +1,4 @@
-"""Submission is one SQL function (sql/181_submit_task.sql); a small inline task is split in the
+"""Submission is one SQL function (sql/schema/04_tasks.sql); a small inline task is split in the
 same transaction, a big one is left to the splitter."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def test_a_small_task_is_claimable_on_submit_a_big_one_waits_for_the_split
 
 
 async def test_a_task_split_at_submission_is_inserted_split_and_wakes_no_splitter(database_url: str) -> None:
-    """sql/300: one insert of the task, split, with the counters the splitter's three steps left; the
+    """sql/schema/04_tasks.sql: one insert of the task, split, with the counters the splitter's three steps left; the
     'tasks' NOTIFY is only for a task the splitter has to split."""
     conn = await connect(database_url)
     heard: list[str] = []

@@ -1,4 +1,4 @@
-"""Task progress without a hot task row (sql/180_task_progress_slots.sql): completes of one task run
+"""Task progress without a hot task row (sql/schema/04_tasks.sql): completes of one task run
 side by side, and the task still ends exactly once, when its last subtask closes."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ async def test_the_candidates_among_named_tasks_are_those_that_may_have_ended(da
 
 
 async def test_a_close_reads_the_queue_from_its_tail_not_past_the_subtasks_already_claimed(database_url: str) -> None:
-    """Every close asks whether its task still has a pending subtask (sql/260). Read from the head of
+    """Every close asks whether its task still has a pending subtask (sql/schema/04_tasks.sql). Read from the head of
     the task's queue, that probe walked one dead index entry per subtask claimed since the last vacuum;
     from the tail it finds a live one at once. Counted in index pages this transaction read."""
     conn, ex, task_id = await _one_executor(database_url, 3010)

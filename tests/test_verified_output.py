@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from minions import jsoncodec
-from minions.services.api.output_check import OutputMismatch
-from minions.services.api.verified_output import (
+from minions.committed_results import (
     VERIFY_IN_MEMORY,
     ResultCompacted,
     ResultCorrupted,
     committed_uri,
-    copy_verified,
     read_committed,
     read_verified,
 )
+from minions.services.api.output_check import OutputMismatch
+from minions.services.api.verified_output import copy_verified
 from minions.store.base import ObjectNotFound, StoreError
 from minions.store.local import LocalStore
 
@@ -117,7 +117,7 @@ async def test_an_inline_output_is_checked_against_the_input_the_claim_read(tmp_
 @pytest.mark.parametrize("big_input", [False, True], ids=["checked-whole", "checked-streamed"])
 async def test_a_small_inline_output_is_kept_for_the_row_not_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big_input: bool) -> None:
-    """Up to `keep_up_to` bytes an inline output is returned `kept` (sql/230), after the same check,
+    """Up to `keep_up_to` bytes an inline output is returned `kept` (sql/schema/07_results.sql), after the same check,
     whether the check ran whole or (an input range too big to read whole) streamed; above it, copied."""
     if big_input:
         monkeypatch.setattr("minions.services.api.verified_output.CHECK_WHOLE", 8)
@@ -137,7 +137,7 @@ async def test_a_small_inline_output_is_kept_for_the_row_not_written(
 
 
 async def test_a_row_reads_its_kept_bytes_and_says_compacted_once_gc_dropped_them(tmp_path: Path) -> None:
-    """read_committed takes a row's kept bytes (sql/230) without the store; once gc dropped them after
+    """read_committed takes a row's kept bytes (sql/schema/07_results.sql) without the store; once gc dropped them after
     the task's compaction (SHA-256 kept, no key, no bytes) it raises ResultCompacted, which a results
     stream logs as such, not as a committed object gone missing."""
     store = LocalStore(tmp_path)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         from minions.agents.macos import install
 
         return install.install(config, dry_run=args.dry_run, process_type=args.process_type)
-    from minions.agents.macos.agent import serve
+    from minions.agents.macos.serve import serve
 
     return runtime.run(serve(config))
 

@@ -119,7 +119,7 @@ class ExecutorClient:
 
     async def claim_batch(self, executor_id: str, wait_s: float, most: int) -> list[Claim]:
         """Up to `most` leases (as many as are pending once there is one), or [] when nothing came
-        within `wait_s`. A server before the batched protocol ignores `max` and answers one Lease."""
+        within `wait_s`."""
         timeout = aiohttp.ClientTimeout(total=wait_s + _CLAIM_GRACE_S, sock_connect=10)
         status, body = await self._api(
             "POST",
@@ -130,12 +130,12 @@ class ExecutorClient:
         )
         if status == 204:
             return []
-        return parse_claims(body) if isinstance(body, dict) and "leases" in body else [parse_claim(body)]
+        return parse_claims(body)
 
     async def heartbeat(self, executor_id: str, tokens: list[str]) -> tuple[dict[str, str], dict[str, str]]:
         """The state of each held lease (ok, lost or cancelled; one the answer leaves out is lost), and
-        the fresh input URLs the server sent for leases it renewed (`input_urls`; none from a server
-        before them, or for a lease whose input rode inline)."""
+        the fresh input URLs the server sent for leases it renewed (`input_urls`; none for a lease whose
+        input rode inline)."""
         _, body = await self._api("POST", f"/executors/{executor_id}/heartbeat",
                                   protocol.to_builtins(protocol.Heartbeat(leases=tokens)))
         states = body.get("leases", {}) if isinstance(body, dict) else {}
@@ -157,20 +157,11 @@ class ExecutorClient:
     async def release(self, token: str) -> None:
         await self._api("POST", f"/leases/{token}/release", None)
 
-    # Many leases in one request: each lease's outcome by token (status 200: done; else the error
-    # its own request would have raised, as a Rejected to inspect, not raised).
-
     async def complete_batch(self, completions: list[protocol.LeaseCompletion]) -> dict[str, Rejected | None]:
-        return await self._batch("/leases/complete", protocol.CompletionBatch(leases=completions))
-
-    async def fail_batch(self, failures: list[protocol.LeaseFailure]) -> dict[str, Rejected | None]:
-        return await self._batch("/leases/fail", protocol.FailureBatch(leases=failures))
-
-    async def release_batch(self, tokens: list[str]) -> dict[str, Rejected | None]:
-        return await self._batch("/leases/release", protocol.ReleaseBatch(leases=tokens))
-
-    async def _batch(self, path: str, message: protocol.Message) -> dict[str, Rejected | None]:
-        _, body = await self._api("POST", path, protocol.to_builtins(message))
+        """Many leases in one request: each lease's outcome by token (None: committed; else the error
+        its own request would have raised, as a Rejected to inspect, not raised)."""
+        _, body = await self._api("POST", "/leases/complete",
+                                  protocol.to_builtins(protocol.CompletionBatch(leases=completions)))
         reply = protocol.convert(body, protocol.BatchReply)
         return {r.token: None if r.error is None else _rejection(r.status, r.error.code, r.error.message)
                 for r in reply.results}

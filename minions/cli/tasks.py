@@ -14,10 +14,10 @@ from typing import Any
 from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
-from minions.cli.progress import ProgressBar
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
 from minions.sdk.parts import PartCorrupted
+from minions.sdk.progress import ProgressBar
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,8 +128,7 @@ async def _existing(client: MinionsClient, team: str, project: str, name: str) -
 
 async def submit(args: argparse.Namespace) -> int:
     from minions.cli.input_check import InputProblem, check_input
-    from minions.services.api.errors import ApiError
-    from minions.services.api.validation import validate_task
+    from minions.task_fields import problems_message, task_field_problems
 
     if not args.file.is_file():
         raise SystemExit(f"minions: no such file: {args.file}")
@@ -141,14 +140,15 @@ async def submit(args: argparse.Namespace) -> int:
         body["model"] = args.model
     if args.subtask_size is not None:
         body["subtask_size"] = args.subtask_size
-    # Everything is checked before anything is uploaded: a rejected submit leaves no object behind.
-    try:
-        validate_task({**body, "input": {"uri": "s3://checked-before-upload/input.jsonl"}})
-        checked = await asyncio.to_thread(check_input, args.file, args.kind)
-    except ApiError as exc:
-        flags = "".join(f"\n  --{k.replace('_', '-')}: {v}" for k, v in (exc.fields or {}).items())
-        print(f"minions: {exc.message}{flags}", file=sys.stderr)
+    # Everything is checked before anything is uploaded (the fields as the API checks them, then the
+    # records): a rejected submit leaves no object behind.
+    problems = task_field_problems({**body, "input": {"uri": "s3://checked-before-upload/input.jsonl"}})
+    if problems:
+        flags = "".join(f"\n  --{k.replace('_', '-')}: {v}" for k, v in problems.items())
+        print(f"minions: {problems_message(problems)}{flags}", file=sys.stderr)
         return 2
+    try:
+        checked = await asyncio.to_thread(check_input, args.file, args.kind)
     except InputProblem as exc:
         print(f"minions: {exc}; nothing was uploaded", file=sys.stderr)
         return 2
@@ -338,7 +338,8 @@ async def executors(args: argparse.Namespace) -> int:
 
 
 def _trust(trust: dict[str, Any] | None) -> str:
-    """An executor's trust (sql/400) in a few words: agreements and disagreements, or its quarantine."""
+    """An executor's trust (sql/schema/11_checks.sql) in a few words: agreements and disagreements, or
+    its quarantine."""
     if not trust:
         return "-"
     counts = f"{trust['agreements']} agreed, {trust['disagreements']} outvoted"

@@ -1,6 +1,6 @@
 """`minions token list` and `minions token revoke`, on the database like `token create` (they work
 with the API down, and recover from a lost admin token). The API's /api/v1/tokens runs the same SQL
-functions (sql/090_token_lifecycle.sql). A list never shows a secret: its id and prefix only."""
+functions (sql/schema/09_tokens.sql). A list never shows a secret: its id and prefix only."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minions import cluster_settings, config, jsoncodec
-from minions.cli import connection
+from minions import cluster_settings, config, jsoncodec, up_json
 from minions.cli.admin import create_token
 from minions.cli.instance import DataDirLock, InstanceError, bind_listener
 from minions.cli.supervisor import Supervisor
@@ -121,7 +120,7 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         info = {"api_url": api_url, "database_url": database_url, "store": store, "admin_token": admin_token}
         _write_json(data_dir / "up.json", info)
         # Also where clients look from any folder (XDG state dir): the latest `minions up` wins.
-        connection.publish_up_json(data_dir, info)
+        up_json.publish_up_json(data_dir, info)
         print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
@@ -134,7 +133,7 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         return 0
     finally:
         print("stopping ...", flush=True)
-        connection.withdraw_up_json(data_dir)
+        up_json.withdraw_up_json(data_dir)
         # Agents first, together (each hands back its lease), then the services one by one.
         await supervisor.stop_children([n for n in supervisor.children if n.startswith("agent-")])
         await supervisor.stop()

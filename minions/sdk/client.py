@@ -19,17 +19,20 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
 
 import aiohttp
 
-from minions import jsoncodec
+from minions import config, jsoncodec
 from minions.backoff import Backoff
 from minions.retry_after import retry_after_s
 from minions.sdk.inputs import Body, InputSource, jsonl_body
 from minions.sdk.objects import Result, Task, UnknownResult, result_from_json
 from minions.sdk.parts import Progress, fetch_parts
+from minions.sdk.progress import ProgressBar
+from minions.up_json import read_up_json
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 TaskRef = Task | str  # a Task, or "team/project/name"
@@ -170,7 +173,7 @@ class MinionsClient:
         with `progress`, a progress bar on stderr meanwhile. TimeoutError after `timeout_s`."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         team, project, name = task_parts(ref)
-        bar = _progress_bar(f"{team}/{project}/{name}") if progress else None
+        bar = ProgressBar(f"{team}/{project}/{name}") if progress else None
         while True:
             raw = await self.task(team, project, name)
             if bar is not None:
@@ -288,13 +291,20 @@ class MinionsClient:
         return result
 
 
+def client_settings(data_dir: Path | None, api_url: str | None = None,
+                    token: str | None = None) -> config.ClientSettings:
+    """Where a client connects, the one lookup of SDK and CLI: the flag, else the environment
+    (config.ClientSettings), else the up.json of a local `minions up`, else the default URL; the
+    token may come back empty (the caller says how to give one)."""
+    env = config.client_from_env()
+    up = read_up_json(data_dir)
+    return config.ClientSettings(api_url=api_url or env.api_url or up.get("api_url") or DEFAULT_API_URL,
+                                 token=token or env.token or up.get("admin_token") or "")
+
+
 def connection_settings(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:
     """(API URL, token) from MINIONS_API_URL / MINIONS_TOKEN, else the up.json of a local `minions up`
-    (looked up by the CLI's own lookup, so SDK and CLI always agree)."""
-    from pathlib import Path
-
-    from minions.cli.connection import client_settings  # the CLI's lookup; imported late (it imports us)
-
+    (the lookup the CLI makes too, so SDK and CLI always agree)."""
     settings = client_settings(Path(data_dir) if data_dir is not None else None)
     if not settings.token:
         raise MinionsError(0, "no_token", "no token: set MINIONS_TOKEN, or start `minions up` on this machine")
@@ -308,12 +318,6 @@ def task_parts(ref: TaskRef) -> tuple[str, str, str]:
     if len(parts) != 3 or not all(parts):
         raise ValueError(f"a task is named TEAM/PROJECT/NAME, not {ref!r}")
     return parts[0], parts[1], parts[2]
-
-
-def _progress_bar(label: str) -> Any:
-    from minions.cli.progress import ProgressBar  # the CLI's bar: one look for `minions wait` and wait()
-
-    return ProgressBar(label)
 
 
 def _error(status: int, raw: bytes) -> MinionsError:

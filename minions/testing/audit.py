@@ -146,7 +146,7 @@ async def audit(cluster: Any, name: str, records: list[dict[str, Any]], *,
             assert s["output_key"] == output_keys[(sid, s["lease_token"])], where
             assert s["output_key"].endswith(f"/{commit['attempt']}-{commit['lease_token']}.jsonl"), where
             # Committed through the API: a verified copy of that attempt's output under a key no URL
-            # names, so no executor can rewrite it later, or its bytes kept in the row (sql/230;
+            # names, so no executor can rewrite it later, or its bytes kept in the row (sql/schema/07_results.sql;
             # dropped once the task's parts serve them).
             if s["result_key"] is not None:
                 assert s["result_key"].startswith(f"results/{s['task_id']}/{sid}/{commit['attempt']}-"

@@ -36,7 +36,7 @@ class TokenCache:
     """Principals by token digest, each for CACHE_SECONDS at most and never past its token's expiry.
 
     Every API process LISTENs on `tokens` (through the claim waiters' one LISTEN connection), where
-    the database announces each revoked or changed token (sql/090_token_lifecycle.sql): its entry
+    the database announces each revoked or changed token (sql/schema/09_tokens.sql): its entry
     is dropped at once, so a revocation bites on every process within the notification's delivery,
     not after the cache's lifetime. While that connection is down nothing is cached, and on each
     (re)connect the cache starts empty: a notification missed meanwhile cannot keep a revoked token

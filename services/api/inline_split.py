@@ -1,19 +1,20 @@
-"""Small inline tasks are split at submission (sql/181_submit_task.sql): the splitter's own cutter
-over the spooled records, so the subtasks commit with the task and are claimable at once, without
-the splitter's hop. Big inputs, and inputs given by URI, stay the splitter's."""
+"""Small inline tasks are split at submission (sql/schema/04_tasks.sql): the cutter the splitter uses
+(minions/subtask_cutter.py) over the spooled records, so the subtasks commit with the task and are
+claimable at once, without the splitter's hop. Big inputs, and inputs given by URI, stay the
+splitter's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from minions.services.api.inline_records import SpooledRecords
-from minions.services.splitter.cutter import Cutter, InputError
+from minions.subtask_cutter import Cutter, InputError
 
 
 @dataclass(frozen=True)
 class SplitRanges:
     """The arguments minion_submit_task takes for the subtasks (one list per column) and, when the
-    records are kept in the database (sql/240_inputs_in_database.sql), the records themselves."""
+    records are kept in the database (sql/schema/08_inputs.sql), the records themselves."""
 
     byte_starts: list[int]
     byte_ends: list[int]

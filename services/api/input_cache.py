@@ -3,12 +3,12 @@
 A claim sends each small input range inline (`routes/executors.py` `_inline_inputs`), and an
 unbatched claim reads its one range from the store: a thread hop on the local store, a ranged GET on
 S3, once per subtask. In bench/drain.py's http-inline1 arm (20,000 one-record subtasks of one 500 KB
-input object) that hop was ~20% of the API's CPU (py-spy, BENCHMARKS.md "Drain, ninth round").
+input object) that hop was ~20% of the API's CPU (py-spy, docs/benchmarks/drain.md "The claim's plans read by index").
 
 Only the API's own input objects are kept: those under the store's `inputs/` prefix, which the API
 writes once and never rewrites (named by the task's request hash, an upload's id or its SHA-256), so
 a copy here is the object for as long as it exists. An input named by an outside URI may be changed
-by its owner and is read at every claim, as before. A deleted object's copy is never asked for
+by its owner and is read from the store at every claim. A deleted object's copy is never asked for
 again (its subtasks went with its task) and ages out. Bounded: objects up to OBJECT_BYTES, up to
 TOTAL_BYTES in all, least recently used first out. Claims that miss together (a fleet's first claims
 of a new task) share one read: the first starts it, the others wait for it.

@@ -2,7 +2,7 @@
 store, and which objects a task may name as its input (so one team can neither read another's
 inputs nor fill the store).
 
-The rules themselves are SQL (sql/080_input_scope_and_gc.sql): ownership is a row per object,
+The rules themselves are SQL (sql/schema/08_inputs.sql): ownership is a row per object,
 written when the API stores it, so the check on `input.uri` asks the database, not a URI pattern."""
 
 from __future__ import annotations

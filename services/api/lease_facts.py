@@ -3,7 +3,7 @@
 A claim's row holds everything a complete verifies against (the API token of the executor holding
 the lease, its output key, the input range and records): facts fixed for the life of a lease token.
 Kept here, a complete runs one statement (minion_complete) instead of two; a lease claimed through
-another API process (or before a restart) is looked up with minion_lease_info as before. Whether the
+another API process (or before a restart) is looked up with minion_lease_info. Whether the
 lease is still current is never taken from here: the SQL functions fence every step.
 
 The input bytes a claim read to send inline are kept too (up to INPUT_BYTES in all, the oldest

@@ -1,9 +1,10 @@
 """The OpenAPI 3.0.3 description of the client API (API.md), built as a plain dict.
 
-It mirrors what the server really does: request schemas are the checks of `validation.py` and the
-route modules (`additionalProperties: false` only where the server refuses unknown fields), and each
-operation lists the statuses its handler and the middlewares can answer. The schemathesis suite in
-tests/fuzz holds the server to it, and tests/test_openapi.py keeps it and the router in step.
+It mirrors what the server really does: request schemas are the checks of `validation.py` (a task's
+fields: minions/task_fields.py) and the route modules (`additionalProperties: false` only where the
+server refuses unknown fields), and each operation lists the statuses its handler and the
+middlewares can answer. The schemathesis suite in tests/fuzz holds the server to it, and
+tests/test_openapi.py keeps it and the router in step.
 """
 
 from __future__ import annotations
@@ -11,7 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from minions import protocol
-from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, SUBTASK_STATES, TASK_STATUSES, Param
+from minions.kinds import (
+    ATTEMPT_OUTCOMES,
+    DEFAULT_SUBTASK_SIZE,
+    KINDS,
+    PARAMS,
+    RUNNING_ATTEMPT,
+    SUBTASK_STATES,
+    TASK_STATUSES,
+    Param,
+)
+from minions.names import NAME_PATTERN
 from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
 from minions.services.api.openai import document as openai_document
 from minions.services.api.openapi_parts import JSON, Schema
@@ -19,12 +30,12 @@ from minions.services.api.openapi_parts import error as _error
 from minions.services.api.openapi_parts import ok as _ok
 from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
-from minions.services.api.validation import MAX_SUBTASK_SIZE
+from minions.task_fields import MAX_SUBTASK_SIZE
 from minions.tokens import TOKEN_ROLES
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
-ATTEMPT_OUTCOMES = ["running", "done", "failed", "lost", "released", "cancelled", "superseded"]
+# An attempt in a subtask's history: the lease in progress, or how an ended one ended.
+HISTORY_OUTCOMES = [RUNNING_ATTEMPT, *ATTEMPT_OUTCOMES]
 NDJSON = "application/x-ndjson"
 JSONL_MEDIA_TYPES = (NDJSON, "application/jsonl", "application/json-lines")  # what POST /api/v1/inputs takes
 NOT_BLANK = r"\S"  # at least one non-whitespace character (the server strips before checking)
@@ -267,6 +278,13 @@ def _meta_schema() -> Schema:
         "finished_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
         "unsplit_task_statuses": {"type": "array", "items": {"type": "string", "enum": list(TASK_STATUSES)}},
         "subtask_states": {"type": "array", "items": {"type": "string", "enum": list(SUBTASK_STATES)}},
+        "attempt_outcomes": {"type": "array", "items": {"type": "string", "enum": list(ATTEMPT_OUTCOMES)},
+                             "description": "How an ended attempt can end."},
+        "running_attempt": {"type": "string", "enum": [RUNNING_ATTEMPT],
+                            "description": "The outcome a subtask's history gives the lease in progress."},
+        "problem_attempt_outcomes": {"type": "array", "items": {"type": "string", "enum": list(ATTEMPT_OUTCOMES)},
+                                     "description": "The outcomes of attempts whose work did not stand "
+                                                    "(the subtask ran again, or failed)."},
     })
 
 
@@ -323,7 +341,7 @@ def _response_schemas() -> dict[str, Schema]:
             "subtask_size": {"type": "integer", "minimum": 1},
             "status": {"type": "string", "enum": list(TASK_STATUSES)},
             "subtasks": _object({k: _count()
-                                 for k in ("total", "pending", "leased", "checking", "done", "failed", "cancelled")}),
+                                 for k in ("total", *SUBTASK_STATES)}),
             "records": _object({"total": _count(), "done": _count()}),
             "input_uri": _nullable({"type": "string", "description": "The input object; null when the task's "
                                     "inline records are kept in the database (MINIONS_INPUT_IN_DATABASE_BYTES)."}),
@@ -334,8 +352,13 @@ def _response_schemas() -> dict[str, Schema]:
             "error": _nullable({"type": "string"}),
             "warnings": {"type": "array", "description": "What keeps an unfinished task from progressing that it "
                                                          "cannot fix itself; empty when nothing does. `unservable`: "
-                                                         "no online executor serves its kind and model.",
-                         "items": _object({"code": {"type": "string", "enum": ["unservable"]},
+                                                         "no online executor serves its kind and model. "
+                                                         "`starving`: work pending and no lease for "
+                                                         "MINIONS_STARVATION_S while executors that could "
+                                                         "serve it run other work. `quarantined_results`: "
+                                                         "results of an executor quarantined after it ended.",
+                         "items": _object({"code": {"type": "string",
+                                                    "enum": ["unservable", "starving", "quarantined_results"]},
                                            "message": {"type": "string"}})},
         }),
         "TaskList": _object({
@@ -356,7 +379,7 @@ def _response_schemas() -> dict[str, Schema]:
             "history": {"type": "array", "items": _object({
                 "attempt": {"type": "integer", "minimum": 0},
                 "executor": _nullable({"type": "string"}),
-                "outcome": {"type": "string", "enum": ATTEMPT_OUTCOMES},
+                "outcome": {"type": "string", "enum": HISTORY_OUTCOMES},
                 "error": _nullable({"type": "string"}),
                 "started_at": _timestamp(),
                 "ended_at": _timestamp(nullable=True),

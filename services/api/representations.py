@@ -29,7 +29,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "total": row["subtasks_total"],
             "pending": row["subtasks_pending"],
             "leased": row["subtasks_leased"],
-            # completed once, held until a spot check agrees (sql/400)
+            # completed once, held until a spot check agrees (sql/schema/11_checks.sql)
             "checking": row["subtasks_checking"],
             "done": row["subtasks_done"],
             "failed": row["subtasks_failed"],
@@ -55,13 +55,26 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
 
 def task_warnings(row: Any) -> list[dict[str, str]]:
     """What stands in the task's way that it cannot fix itself. `servable` is false when no online
-    executor serves the task's kind and model (for its team); NULL for a finished task. Then what its
-    results cannot be trusted for: results of executors quarantined after it ended (sql/400)."""
+    executor serves the task's kind and model (for its team); NULL for a finished task. Starving: it
+    waits while executors that could serve it serve others. Then what its results cannot be trusted
+    for: results of executors quarantined after it ended."""
     suspect = [{"code": "quarantined_results",
                 "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
                            f"since ({w['reason']}): they may be wrong"}
                for w in row.get("quarantined_results") or ()]
-    return _waiting(row) + suspect
+    return _waiting(row) + _starving(row) + suspect
+
+
+def _starving(row: Any) -> list[dict[str, str]]:
+    """Work pending and no lease since `starving_since` while executors that could serve the task
+    were busy with other work (the watchdog's negotiation notes it: MINIONS_STARVATION_S)."""
+    since = row.get("starving_since")
+    if since is None or row.get("finished_at") is not None:
+        return []
+    return [{"code": "starving",
+             "message": f"no executor has taken this task's pending work since {iso(since)} while executors "
+                        "that could serve it run other work (its team's share, weight or lease cap: "
+                        "`minions team shares`)"}]
 
 
 def _waiting(row: Any) -> list[dict[str, str]]:

@@ -1,5 +1,5 @@
 """Replicated spot checks: a replica's verified output compared with the results held for its subtask
-(sql/400_spot_checks.sql keeps the state; the rule of agreement is minions/result_agreement.py's)."""
+(sql/schema/11_checks.sql keeps the state; the rule of agreement is minions/result_agreement.py's)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import asyncio
 import uuid
 from typing import Any
 
+from minions.committed_results import ResultCorrupted, read_verified
 from minions.config import Settings
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.result_agreement import outputs_agree
-from minions.services.api.verified_output import ResultCorrupted, read_verified
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
@@ -21,7 +21,7 @@ COMPARE_ON_LOOP = 64 * 1024
 
 
 def spot_check_session(settings: Settings) -> dict[str, str]:
-    """The session settings the claim and the votes read (sql/400's minion_trust_setting)."""
+    """The session settings the claim and the votes read (sql/schema/11_checks.sql's minion_trust_setting)."""
     return {"minions.spot_check_share": repr(float(settings.spot_check_share)),
             "minions.trust_agreements": str(int(settings.trust_agreements)),
             "minions.quarantine_after": str(int(settings.quarantine_after)),

@@ -1,25 +1,25 @@
-"""Committed results are verified and immutable.
+"""Committed results are verified and immutable: what complete writes.
 
 At complete, `copy_verified` reads the attempt's output once, checks it against the subtask's input
-and its kind's shape (output_check.OutputCheck) and writes the very bytes it checked (with secrets in records' `error`
-fields redacted: output_check.py) to a result key (`results/…`) that no URL ever names, hashing them
-on the way. Whatever the attempt's PUT URL writes afterwards (an S3
-presigned URL cannot be revoked) lands on an object nobody reads. `read_verified` serves a result
-only once its bytes match the SHA-256 and size recorded at complete.
+and its kind's shape (output_check.OutputCheck) and writes the very bytes it checked (with secrets
+in records' `error` fields redacted: output_check.py) to a result key (`results/…`) that no URL ever
+names, hashing them on the way. Whatever the attempt's PUT URL writes afterwards (an S3 presigned
+URL cannot be revoked) lands on an object nobody reads. Reading a result back, served only once its
+bytes match the SHA-256 and size recorded here, is minions/committed_results.py: the API's results
+routes and the watchdog's compaction both read.
 
-Both stream: memory is O(one chunk) per call (plus at most VERIFY_IN_MEMORY when serving a small
-result), and hashing and JSON parsing run in worker threads, never on the event loop. The hot path,
-an inline output with a small input range, is checked whole instead: one thread hop for the check
-and one write, the input range as the claim read it when the API kept it (lease_facts.py). A small
-inline output is not written at all: its verified bytes are committed in the subtask's row
-(sql/230_results_in_database.sql), where PostgreSQL checks them against their SHA-256 and size.
+It streams: memory is O(one chunk) per call, and hashing and JSON parsing run in worker threads,
+never on the event loop. The hot path, an inline output with a small input range, is checked whole
+instead: one thread hop for the check and one write, the input range as the claim read it when the
+API kept it (lease_facts.py). A small inline output is not written at all: its verified bytes are
+committed in the subtask's row (sql/schema/07_results.sql), where PostgreSQL checks them
+against their SHA-256 and size.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -29,23 +29,11 @@ from typing import Any, cast
 from minions.services.api.output_check import OutputCheck
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
-# Results up to this size are read once, checked and then sent from memory; larger ones are read
-# twice (check, then send) so that no byte is sent before the whole object is known to be intact.
-VERIFY_IN_MEMORY = 8 * 1024 * 1024
 # An inline output and an input range up to this size are checked whole, in one thread hop.
 CHECK_WHOLE = 1024 * 1024
 # Up to this many bytes (both sides together) the check runs on the event loop: it takes a few
 # microseconds there, less than handing it to a worker thread and back costs.
 CHECK_ON_LOOP = 16 * 1024
-
-
-class ResultCorrupted(StoreError):
-    """A committed result no longer holds the bytes verified at complete: never served."""
-
-
-class ResultCompacted(ObjectNotFound):
-    """A result whose bytes its row kept (sql/230) was dropped after its task's compaction: it is read
-    from the task's result parts now."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +63,7 @@ async def copy_verified(store: ObjectStore, lease: Any, token: uuid.UUID,
     copied but returned `kept`, for the row (MINIONS_RESULT_IN_DATABASE_BYTES), after the same check.
     Raises OutputMismatch (nothing written), ObjectNotFound when there is no output, StoreError."""
     start, end = lease["byte_start"], lease["byte_end"]
-    if lease["input_uri"] is None and input_data is None:  # kept in the database (sql/240): the task went
+    if lease["input_uri"] is None and input_data is None:  # kept in the database: the task went
         raise StoreError(f"the input of task {lease['task_id']} is gone")
     keep = inline is not None and len(inline) <= keep_up_to
     if inline is not None and len(inline) <= CHECK_WHOLE and (input_data is not None or end - start <= CHECK_WHOLE):
@@ -152,66 +140,3 @@ def _check_whole(records: int, kind: str, input_data: bytes, output: bytes) -> t
 async def _pieces(data: bytes, size: int = 1024 * 1024) -> AsyncIterator[bytes]:
     for start in range(0, len(data), size):
         yield data[start:start + size]
-
-async def read_committed(store: ObjectStore, sub: Any) -> AsyncIterator[bytes]:
-    """A done subtask's committed result (a row with output_key, result_key, result_sha256,
-    result_bytes, result_data): the bytes its row kept, or the verified copy made at complete, served
-    only if it still holds the bytes verified then. A result committed before verified copies existed
-    (no SHA-256) is read from its attempt's output, as it was then. ObjectNotFound when the row's
-    bytes were dropped (its task was compacted: results are read from its parts)."""
-    if sub["result_data"] is not None:
-        yield bytes(sub["result_data"])
-        return
-    if _dropped_from_row(sub):
-        raise ResultCompacted(f"subtask {sub['subtask_id']}'s result was compacted into its task's parts")
-    if sub["result_key"] is None:
-        async for chunk in store.read(store.uri_for(sub["output_key"])):
-            yield chunk
-        return
-    async for chunk in read_verified(store, store.uri_for(sub["result_key"]), sub["result_bytes"],
-                                     sub["result_sha256"]):
-        yield chunk
-
-
-def _dropped_from_row(sub: Any) -> bool:
-    """A result recorded (SHA-256 and size) with no object and no bytes: its row kept them until gc
-    dropped them after the task's compaction (sql/230; minion_complete never commits that shape)."""
-    return bool(sub["result_sha256"] is not None and sub["result_key"] is None and sub["result_data"] is None)
-
-
-def committed_uri(store: ObjectStore, sub: Any) -> str:
-    """Where a done subtask's result is read from (for logs)."""
-    if sub["result_data"] is not None or _dropped_from_row(sub):
-        return f"(subtask {sub['subtask_id']}'s row)"
-    return store.uri_for(sub["result_key"] if sub["result_key"] is not None else sub["output_key"])
-
-
-async def read_verified(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:
-    """The bytes of a committed result, each sent only after the whole object matched `size` and
-    `sha256`; ResultCorrupted otherwise (ObjectNotFound when it is gone)."""
-    if size <= VERIFY_IN_MEMORY:
-        chunks = [chunk async for chunk in _checked(store, uri, size, sha256)]
-        for chunk in chunks:
-            yield chunk
-        return
-    async for _ in _checked(store, uri, size, sha256):
-        pass
-    # Checked again as it is sent: the object changed between the passes only if someone with the
-    # store's own credentials replaced it, and then the response breaks off with an error.
-    async for chunk in _checked(store, uri, size, sha256):
-        yield chunk
-
-
-async def _checked(store: ObjectStore, uri: str, size: int, sha256: bytes) -> AsyncIterator[bytes]:
-    digest = hashlib.sha256()
-    seen = 0
-    async for chunk in store.read(uri):
-        seen += len(chunk)
-        if seen > size:
-            raise ResultCorrupted(f"it holds more than the {size} bytes verified at complete")
-        await asyncio.to_thread(digest.update, chunk)
-        yield chunk
-    if seen != size:
-        raise ResultCorrupted(f"it holds {seen} bytes, not the {size} verified at complete")
-    if digest.digest() != sha256:
-        raise ResultCorrupted("it no longer holds the bytes verified at complete (SHA-256 differs)")

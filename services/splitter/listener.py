@@ -2,7 +2,7 @@
 
 A notification names a task (a new one, a split that ended, a close that could not decide its
 task's end): every worker sweeps for unsplit tasks, and one of them looks whether the named tasks
-may have ended (sql/280_settle_named_tasks.sql). A notification is still only a wake-up: a lost one
+may have ended (sql/schema/04_tasks.sql). A notification is still only a wake-up: a lost one
 costs latency, never work, since the workers sweep every open task on start, after every (re)LISTEN
 and every sweep interval.
 """

@@ -1,7 +1,7 @@
 """Splitting one task: stream its input once, cut it into subtasks, insert them in batches.
 
 The caller holds the task's advisory lock. Every step that changes state is one SQL function
-(sql/020_tasks.sql): a crash anywhere leaves a task that the next splitter resumes, never one that
+(sql/schema/04_tasks.sql): a crash anywhere leaves a task that the next splitter resumes, never one that
 is half-inserted.
 """
 
@@ -19,8 +19,8 @@ import asyncpg
 from minions.db.queries import Queries
 from minions.kinds import FINISHED_TASK_STATUSES
 from minions.logging import get_logger
-from minions.services.splitter.cutter import Cutter, IdFinder, InputError, Subtask
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
+from minions.subtask_cutter import Cutter, IdFinder, InputError, Subtask
 
 Q = Queries("splitter")
 

@@ -2,7 +2,7 @@
 advisory lock and split it. Several workers (in this process or in other splitters) share the work
 through those locks; a worker that loses its connection backs off, reconnects and sweeps again.
 Workers also end the tasks whose last closes could not tell which was last: those a notification
-named at once, every open one on start and every sweep interval (sql/280_settle_named_tasks.sql)."""
+named at once, every open one on start and every sweep interval (sql/schema/04_tasks.sql)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class Worker:
 
     async def _settle_sweep(self, conn: asyncpg.Connection) -> None:
         """Ends the tasks whose last closes ran side by side and could not tell which was last
-        (sql/180_task_progress_slots.sql): each in its own statement, waiting for those closes."""
+        (sql/schema/04_tasks.sql): each in its own statement, waiting for those closes."""
         for row in await conn.fetch(Q.settle_candidates, SWEEP_LIMIT):
             await self._settle(conn, row["id"])
 

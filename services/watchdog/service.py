@@ -59,10 +59,11 @@ class Watchdog:
         gc = asyncio.create_task(self._gc_loop(), name="watchdog-gc")
         retention = asyncio.create_task(self._retention_loop(), name="watchdog-retention")
         compaction = asyncio.create_task(self._compact_loop(), name="watchdog-compact")
+        negotiation = asyncio.create_task(self._fair_share_loop(), name="watchdog-fair-share")
         try:
             await self._judge()
         finally:
-            for task in (compaction, retention, gc, listening):
+            for task in (negotiation, compaction, retention, gc, listening):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -121,6 +122,37 @@ class Watchdog:
                     await compact_completed(conn, store, part_bytes=self.settings.result_part_bytes)
             except (*CONNECTION_ERRORS, asyncpg.PostgresError, StoreError, ValueError) as exc:
                 log.warning("compaction_failed", error=str(exc))
+
+    async def _fair_share_loop(self) -> None:
+        """Whose turn it is between teams sharing a queue, every MINIONS_FAIR_SHARE_INTERVAL_S
+        (minion_fair_share_cycle: usage folded, turns written, capped teams with room woken, starving
+        tasks noted). 0 turns it off and clears the turns. On one connection kept open between
+        negotiations; a failed one is logged and the next tries afresh."""
+        interval = self.settings.fair_share_interval_s
+        conn: asyncpg.Connection | None = None
+        try:
+            if interval <= 0:
+                with contextlib.suppress(*CONNECTION_ERRORS, asyncpg.PostgresError):
+                    conn = await connect(self.settings.database_url)
+                    await conn.execute(Q.fair_share_off)
+                log.info("fair_share_off", reason="MINIONS_FAIR_SHARE_INTERVAL_S=0")
+                return
+            async for _ in self._ticks(interval):
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await connect(self.settings.database_url)
+                    await conn.fetchval(Q.fair_share_cycle, self.settings.fair_share_half_life_s,
+                                        self.settings.fair_share_round, self.settings.starvation_s)
+                except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                    log.warning("fair_share_failed", error=str(exc))
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
     async def _ticks(self, interval: float) -> AsyncIterator[None]:
         """One tick every `interval` seconds, until the watchdog stops."""

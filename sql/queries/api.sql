@@ -28,8 +28,8 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- name: submit_task
 -- The new task as task_by_id shows it (a fresh task: nothing leased or ended yet), or no row when the
 -- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
--- when they are kept in the database (sql/240), else NULL; $18 the team's input quota (0: none).
--- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/010).
+-- when they are kept in the database (sql/schema/08_inputs.sql), else NULL; $18 the team's input quota (0: none).
+-- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/schema/03_notify.sql).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased, 0::bigint AS subtasks_checking,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
@@ -44,12 +44,14 @@ SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
-       -- sql/400: results it holds of executors quarantined after it ended
+       -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
        (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
                                             'reason', w.reason) ORDER BY w.noted_at)
-          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
+       -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
@@ -57,12 +59,14 @@ WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
-       -- sql/400: results it holds of executors quarantined after it ended
+       -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
        (SELECT jsonb_agg(jsonb_build_object('executor_id', w.executor_id, 'subtasks', w.subtasks,
                                             'reason', w.reason) ORDER BY w.noted_at)
-          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results
+          FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
+       -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
@@ -71,7 +75,7 @@ WHERE t.id = $1;
 -- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
-       c.records_done AS records_done_live,  -- 180: the row's counter plus the progress slots
+       c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
@@ -96,20 +100,20 @@ ORDER BY subtask_id LIMIT $3;
 SELECT id, token_id, team::text AS team, capabilities, status FROM executors WHERE id = $1;
 
 -- name: register_executor
--- verdict, executor_id, retry_after_s (sql/360: bounded per token).
+-- verdict, executor_id, retry_after_s (sql/schema/05_executors.sql: bounded per token).
 SELECT * FROM minion_register_executor_bounded($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: lease_info
 SELECT * FROM minion_lease_info($1);
 
 -- name: lease_to_complete
--- As lease_info, with input_data: the range of a kept input (sql/240), for the complete's check.
+-- As lease_info, with input_data: the range of a kept input (sql/schema/08_inputs.sql), for the complete's check.
 SELECT i.*, CASE WHEN i.input_uri IS NULL THEN minion_kept_input(i.task_id, i.byte_start, i.byte_end) END
        AS input_data
 FROM minion_lease_info($1) i;
 
 -- name: kept_input
--- Bytes [$2, $3) of task $1's kept input (sql/240), NULL when its input is an object.
+-- Bytes [$2, $3) of task $1's kept input (sql/schema/08_inputs.sql), NULL when its input is an object.
 SELECT minion_kept_input($1, $2, $3);
 
 -- name: output_writable
@@ -127,11 +131,11 @@ SELECT t.token AS lease_token, i.input_uri, i.byte_start, i.byte_end
 
 -- name: complete
 -- $4-$7: the verified copy of the output (result key, SHA-256, size, the bytes when kept in the row);
--- $8: the length of its vectors (an embedding output), pinned for the task (sql/380)
+-- $8: the length of its vectors (an embedding output), pinned for the task (sql/schema/07_results.sql)
 SELECT minion_complete($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: check_candidates
--- The results held for the check of the subtask whose replica token is $1 (sql/400), by round.
+-- The results held for the check of the subtask whose replica token is $1 (sql/schema/11_checks.sql), by round.
 SELECT c.round, c.result_key, c.result_sha256, c.result_bytes, c.result_data
   FROM subtask_backups b
   JOIN subtask_checks c ON c.task_id = b.task_id AND c.subtask_id = b.subtask_id
@@ -139,16 +143,16 @@ SELECT c.round, c.result_key, c.result_sha256, c.result_bytes, c.result_data
  ORDER BY c.round;
 
 -- name: check_vote
--- A replica's vote (sql/400): $1 its token, $2 records, $3 seconds, $4-$8 its verified copy (key,
+-- A replica's vote (sql/schema/11_checks.sql): $1 its token, $2 records, $3 seconds, $4-$8 its verified copy (key,
 -- SHA-256, size, kept bytes, vector length), $9 the round of the held result it agrees with (NULL: none).
 SELECT minion_check_vote($1, $2, $3, $4, $5, $6, $7, $8, $9::smallint);
 
 -- name: settle_quarantines
--- The rest of each quarantine a vote flagged (sql/400): leases released, results run again.
+-- The rest of each quarantine a vote flagged (sql/schema/11_checks.sql): leases released, results run again.
 SELECT minion_settle_quarantines();
 
 -- name: release_quarantine
--- An admin lifts executor $1's quarantine (sql/400); NULL when it was not quarantined.
+-- An admin lifts executor $1's quarantine (sql/schema/11_checks.sql); NULL when it was not quarantined.
 SELECT minion_release_quarantine($1);
 
 -- name: quarantine_reason
@@ -156,7 +160,7 @@ SELECT minion_release_quarantine($1);
 SELECT quarantine_reason FROM executors WHERE id = $1;
 
 -- name: task_dimension
--- The length every vector of task $1 has (sql/380), NULL before its first committed one.
+-- The length every vector of task $1 has (sql/schema/07_results.sql), NULL before its first committed one.
 SELECT embedding_dimension FROM tasks WHERE id = $1;
 
 -- name: fail
@@ -187,12 +191,12 @@ SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
                                   ORDER BY s.leased_at)
                    FROM subtasks s WHERE s.lease_executor = e.id AND s.state = 'leased'
                     AND ($2::text IS NULL OR s.team = $2)), '[]') AS current,
-       -- What it loads for each model (sql/390); none: an agent that reports none.
+       -- What it loads for each model (sql/schema/05_executors.sql); none: an agent that reports none.
        coalesce((SELECT jsonb_agg(DISTINCT jsonb_build_object('model', f.model, 'fingerprint', f.fingerprint,
                                                               'precision', f.precision, 'backend', f.backend,
                                                               'proofs', f.proofs))
                    FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints,
-       -- Trust (sql/400): results agreed with and outvoted by other executors', and a quarantine.
+       -- Trust (sql/schema/11_checks.sql): results agreed with and outvoted by other executors', and a quarantine.
        e.agreements, e.disagreements, e.trusted, e.quarantined_at, e.quarantine_reason
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
@@ -214,7 +218,7 @@ SELECT minion_delete_task($1);
 
 -- name: claim_batch
 -- $1 executor, $2 the caller's API token id (NULL: an admin), $3 at most this many, $4 straggler factor.
--- input_data: the range of a kept input (sql/240), read in the claim's own statement.
+-- input_data: the range of a kept input (sql/schema/08_inputs.sql), read in the claim's own statement.
 WITH c AS (SELECT * FROM minion_claim_batch($1, $2, $3, $4))
 SELECT c.*, CASE WHEN c.verdict = 'leased' AND c.input_uri IS NULL
                  THEN minion_kept_input(c.task_id, c.byte_start, c.byte_end) END AS input_data
@@ -242,18 +246,18 @@ FROM result_parts p WHERE p.task_id = $1 AND minion_task_compacted($1)
 ORDER BY p.part;
 
 -- name: set_executor_fingerprints
--- $1 executor id, $2 [{model, fingerprint, precision, backend}] (sql/390), in the registration's transaction.
+-- $1 executor id, $2 [{model, fingerprint, precision, backend}] (sql/schema/05_executors.sql), in the registration's transaction.
 SELECT minion_set_executor_fingerprints($1, $2::jsonb);
 
 -- name: verify_task
--- A verification task of finished task $1 named $2 (sql/402): $3 every done subtask, else those whose
+-- A verification task of finished task $1 named $2 (sql/schema/11_checks.sql): $3 every done subtask, else those whose
 -- result came from an executor now quarantined; $4 the caller's token. task_id NULL: nothing to
 -- verify (subtasks 0), or the name is taken (subtasks -1).
 SELECT * FROM minion_verify_task($1, $2, $3, $4);
 
 -- name: replica_checks
 -- The held results each of the leases $1 checks, in round order: none for a lease that is not a
--- spot check's replica (sql/400). Sent with a completion replica, to verify their proofs.
+-- spot check's replica (sql/schema/11_checks.sql). Sent with a completion replica, to verify their proofs.
 SELECT b.lease_token, c.round, c.result_key, c.result_sha256, c.result_bytes, c.result_data
   FROM subtask_backups b
   JOIN subtask_checks c ON c.task_id = b.task_id AND c.subtask_id = b.subtask_id

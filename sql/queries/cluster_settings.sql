@@ -1,4 +1,4 @@
--- The cluster-wide values (minion_settings, sql/155 and sql/190), read and set by every process
+-- The cluster-wide values (minion_settings, sql/schema/02_settings.sql), read and set by every process
 -- the same way.
 
 -- name: read

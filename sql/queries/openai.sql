@@ -4,7 +4,7 @@
 SELECT minion_openai_add_file($1, $2, $3, $4, $5, $6, $7);
 
 -- name: add_file_within_quota
--- 'ok', or 'quota_exceeded' (nothing recorded): $8 is the team's input quota (sql/340).
+-- 'ok', or 'quota_exceeded' (nothing recorded): $8 is the team's input quota (sql/schema/10_openai.sql).
 SELECT minion_openai_add_file($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: file_by_id
@@ -84,7 +84,7 @@ SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.
                   AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()));
 
 -- name: submit_interactive
--- The task's id, and what its subtask is claimed as (the payload of its NOTIFY, sql/010).
+-- The task's id, and what its subtask is claimed as (the payload of its NOTIFY, sql/schema/03_notify.sql).
 SELECT minion_openai_submit_interactive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS task_id,
        minion_capability($4, $5) AS capability;
 

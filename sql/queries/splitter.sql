@@ -1,5 +1,5 @@
 -- Every statement services/splitter runs. The split steps themselves are functions in
--- sql/020_tasks.sql, so psql can do (and undo) what the splitter does.
+-- sql/schema/04_tasks.sql, so psql can do (and undo) what the splitter does.
 
 -- name: store_signing_key
 SELECT value FROM minion_settings WHERE key = 'store_signing_key';
@@ -43,11 +43,11 @@ SELECT minion_fail_split($1, $2);
 
 -- name: settle_candidates
 -- Every open task that may have ended with closes that could not decide it
--- (sql/180_task_progress_slots.sql): the safety-net sweep, on start and every sweep interval.
+-- (sql/schema/04_tasks.sql): the safety-net sweep, on start and every sweep interval.
 SELECT minion_settle_candidates($1) AS id;
 
 -- name: settle_candidates_among
--- The same, among the tasks notifications named (sql/280_settle_named_tasks.sql).
+-- The same, among the tasks notifications named (sql/schema/04_tasks.sql).
 SELECT minion_settle_candidates_among($1::bigint[]) AS id;
 
 -- name: settle_waiting

@@ -19,14 +19,23 @@ SELECT minion_reclaim_executor($1);
 SELECT minion_reclaim_expired();
 
 -- name: unpin_idle_tasks
--- Model pins that hold nothing any more (sql/393): a vanished machine's pin strands no task.
+-- Model pins that hold nothing any more (sql/schema/06_leases.sql): a vanished machine's pin strands no task.
 SELECT minion_unpin_idle_tasks();
 
 -- name: settle_stale_checks
--- Spot checks that could not finish within $1 seconds (sql/400): a lone result commits unchecked, a
+-- Spot checks that could not finish within $1 seconds (sql/schema/11_checks.sql): a lone result commits unchecked, a
 -- dispute runs again.
 SELECT minion_settle_stale_checks($1);
 
 -- name: settle_quarantines
--- The rest of each quarantine a vote flagged (sql/400), should the API not have done it.
+-- The rest of each quarantine a vote flagged (sql/schema/11_checks.sql), should the API not have done it.
 SELECT minion_settle_quarantines();
+
+-- name: fair_share_cycle
+-- One negotiation between teams (sql/schema/15_fair_share.sql): $1 usage half-life (s), $2 turns in
+-- a round, $3 seconds before a waiting task is starving. NULL when another watchdog holds it.
+SELECT minion_fair_share_cycle($1, $2, $3);
+
+-- name: fair_share_off
+-- Fair share turned off: no turns, so claims take priority, then FIFO.
+DELETE FROM fair_share_turns;

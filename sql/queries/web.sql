@@ -3,7 +3,7 @@
 -- name: task_subtasks
 -- One page of a task's subtasks in input order, with the current lease holder and the history of
 -- attempts (ended ones from subtask_attempts, plus the running one of a leased subtask, outcome
--- 'running'), each with the fingerprint and precision of the model it ran on (sql/390,
+-- 'running'), each with the fingerprint and precision of the model it ran on (sql/schema/05_executors.sql,
 -- minion_attempt_model).
 -- $1 task id, $2 cursor (subtask_id after which to list), $3 limit.
 SELECT s.subtask_id, s.state, s.records, s.attempts, e.name AS executor, s.leased_at, s.done_at,

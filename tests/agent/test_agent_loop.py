@@ -34,10 +34,12 @@ import pytest
 
 from minions import jsoncodec
 from minions.agents.macos import agent as agent_module
+from minions.agents.macos import serve as serve_module
 from minions.agents.macos.agent import Agent
 from minions.agents.macos.client import ExecutorClient, Rejected
 from minions.agents.macos.config import PolicyConfig, build
 from minions.agents.macos.hardware import Hardware
+from minions.agents.macos.jobs import JobState
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.runners.base import Runner
 from minions.agents.macos.runners.embedding import EmbeddingRunner
@@ -341,7 +343,7 @@ async def test_owner_back_releases_at_once(w: World) -> None:
 
 
 async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w: World) -> None:
-    """Issue 11: the next subtask is claimed (its input fetched) while one computes, never more than
+    """The next subtask is claimed (its input fetched) while one computes, never more than
     the bound held (2 before the agent has timed a subtask), and the owner's return hands back every
     one of them, the running and the waiting, within a second or so."""
     async with running_agent(w) as h:
@@ -355,6 +357,8 @@ async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w:
         await asyncio.sleep(0.5)  # and no more, however long it waits
         assert h.agent.lease_bound() == 2
         assert sorted(await held_in_db()) == sorted(h.agent.held_leases())
+        # One has the device, the other waits for it with its input fetched.
+        assert sorted(h.agent.job_states().values()) == [JobState.CLAIMED, JobState.RUNNING]
         h.owner["load"] = 5.0
         started = time.monotonic()
         await eventually(lambda: _now(h.agent.held_leases() == []), "the agent to hand everything back")
@@ -371,7 +375,7 @@ async def test_pipelined_agent_holds_a_bounded_few_and_gives_all_back_at_once(w:
 
 
 async def test_completes_that_come_together_go_in_one_batched_request(w: World) -> None:
-    """Issue 11: while one complete is in flight, those that come meanwhile wait and go together in
+    """While one complete is in flight, those that come meanwhile wait and go together in
     one POST /api/v1/leases/complete; every subtask is done once, its output in order."""
     async with running_agent(w) as h:
         records = [{"id": i, "ms": 0} for i in range(60)]
@@ -408,8 +412,9 @@ async def test_a_heartbeat_while_the_complete_is_answered_keeps_the_subtask_done
         database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, max_claim: int) -> None:
     """The server commits a complete, then a heartbeat names its lease before the answer is back:
     the heartbeat answers "lost" (the lease is no longer leased), and the agent waits for the
-    complete's own answer rather than drop a subtask that is done. Both ways of completing: each
-    its own request (a server of max_claim 1), and through the batching queue."""
+    complete's own answer rather than drop a subtask that is done: a job committing is not one a
+    heartbeat aborts. A server whose claims take one lease at a time (max_claim 1) and one that
+    takes many: the completes go through the same buffer either way."""
     async with world(database_url, tmp_path, caplog, max_claim=max_claim) as w, \
             running_agent(w, client_type=_SlowAnswers) as h:
         assert h.agent.registration.max_claim == max_claim
@@ -472,8 +477,8 @@ async def test_late_complete_is_refused_and_the_agent_goes_on(
         await w.reclaim(h.executor_id)  # reclaimed meanwhile, as by the watchdog
         second = await w.submit("second", "sleep", [{"id": 2, "ms": 1}], priority=1)
         await eventually(lambda: w.status_is("second", "completed"), "the agent to go on")
-        # A small output rides inline in the complete (issue 11), refused as the lease is gone. (A
-        # large one is PUT first: its output URL died with the lease, 403 lease_ended, issue 8 item 3,
+        # A small output rides inline in the complete, refused as the lease is gone. (A large one is
+        # PUT first: its output URL died with the lease, 403 lease_ended,
         # and the agent fails the lease instead, which is refused too.) When the second finishes
         # within the agent's linger of the first, both go in one batched complete, whose answer
         # refuses the late one inside it: the attempts below show it was not committed either way.
@@ -555,7 +560,7 @@ async def test_sigterm_releases_deregisters_and_exits_0(w: World) -> None:
 async def test_refused_token_exits_78_with_a_clear_message(w: World) -> None:
     proc = await _spawn_agent(w.api.url, "wrong")
     _, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == agent_module.EXIT_CONFIG
+    assert proc.returncode == serve_module.EXIT_CONFIG
     assert b"refused this agent's token" in stderr and b"MINIONS_TOKEN" in stderr
     assert ("POST", "/api/v1/executors/register", 401) in w.requests()
 
@@ -565,7 +570,7 @@ async def test_rejected_registration_exits_78(w: World) -> None:
     scoped, _ = await make_token(w.conn, "executor", team="search")
     proc = await _spawn_agent(w.api.url, scoped, "--prefer", "other")
     _, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == agent_module.EXIT_CONFIG
+    assert proc.returncode == serve_module.EXIT_CONFIG
     assert b"rejected this agent's registration" in stderr and b"422" in stderr
     assert ("POST", "/api/v1/executors/register", 422) in w.requests()
     assert await w.conn.fetchval("SELECT count(*) FROM executors") == 0
@@ -575,7 +580,7 @@ async def test_registration_reports_the_precision_chosen_at_load(w: World) -> No
     embedding = EmbeddingRunner(TorchSettings(device="cpu", threads=2))
     runners: dict[str, Runner] = {"embedding": embedding}
     try:
-        await agent_module.prepare_models(runners)  # what serve() does before registering
+        await serve_module.prepare_models(runners)  # what serve() does before registering
         config = build({"token": w.api.executor, "name": "precise-box"})
         async with ExecutorClient(w.api.url, w.api.executor) as client:
             agent = Agent(config, client, runners, OwnerPolicy(PolicyConfig()), MACHINE, [MINILM])

@@ -165,7 +165,7 @@ def test_the_fastest_clearly_faster_precision_within_the_gate_wins() -> None:
 
 
 def test_one_slow_round_does_not_flip_the_choice() -> None:
-    """The issue's flip: fp32 and bf16 equal (about 50 ms), one fp32 round slowed to 111 ms by a busy
+    """The flip seen on a shared machine: fp32 and bf16 equal (about 50 ms), one fp32 round slowed to 111 ms by a busy
     neighbour. Timed in alternating rounds and judged on the paired ratios, fp32 stays."""
     from minions.agents.macos.runners.precision import MIN_ROUNDS, select, summarize, time_alternating
 

@@ -24,7 +24,7 @@ def test_detect_describes_this_machine() -> None:
 def test_sleep_and_ollama_agents_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from minions.agents.macos import agent, cli\n"
+        "from minions.agents.macos import agent, cli, serve\n"
         "from minions.agents.macos.config import build\n"
         "from minions.agents.macos.runners.registry import build_runners\n"
         "cfg = build({'token': 't', 'kinds': ['sleep', 'completion', 'embedding']})\n"

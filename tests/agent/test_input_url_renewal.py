@@ -1,5 +1,5 @@
 """The agent reads its input through the lease's range-scoped URL and takes the fresh one each
-heartbeat sends (issue 25 item 3): an input URL lasts the lease timeout plus MINIONS_INPUT_URL_MARGIN_S,
+heartbeat sends: an input URL lasts the lease timeout plus MINIONS_INPUT_URL_MARGIN_S,
 so a download that starts (or retries) after the claim's URL expired must use the renewed URL.
 
 The real API in this process (tests/agent/test_agent_loop.py's world), a local store, and the agent's

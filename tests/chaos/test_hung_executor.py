@@ -43,7 +43,7 @@ async def test_hung_executor_late_result_is_refused_and_invisible(cluster: Clust
 
         wake.set()  # the hung executor comes back while the agent's lease is live
         await eventually(lambda: _finished_late(hung), "the late completion", timeout=10)
-        assert hung.late["put"] == 403  # its output URL died with its lease (issue 8, item 3)
+        assert hung.late["put"] == 403  # its output URL died with its lease: a committed result cannot change
         assert hung.late["complete"] == 409 and hung.late["complete_code"] == "lease_lost", hung.late
         assert hung.late["heartbeat"] == 200 and hung.late["heartbeat_says_ok"] == 0, hung.late
         assert hung.late["fail"] == 409 and hung.late["release"] == 409, hung.late

@@ -133,7 +133,7 @@ async def test_wait_json_duration_and_a_closed_pipe(cli: Cli) -> None:
 
 async def test_executors_show_trust_and_an_admin_releases_a_quarantine(cli: Cli) -> None:
     """`minions executors` shows each executor's trust, and `minions executor release`
-    lifts a quarantine (sql/400)."""
+    lifts a quarantine (sql/schema/11_checks.sql)."""
     async with aiohttp.ClientSession() as session, session.post(
             f"{cli.services.api_url}/api/v1/executors/register", headers={"Authorization": f"Bearer {cli.executor}"},
             json={"name": "suspect", "hardware": {"device": "cpu"}, "kinds": ["sleep"], "models": [],

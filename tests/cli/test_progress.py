@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from minions.cli.progress import ProgressBar
+from minions.sdk.progress import ProgressBar
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from minions import up_json
 from minions.agents.macos import cli as agent_cli
 from minions.agents.macos import config as agent_config
 from minions.agents.macos import install
-from minions.cli import connection
 
 
 def test_agent_config_honours_xdg_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,17 +42,17 @@ def test_up_json_is_found_from_any_folder(tmp_path: Path, monkeypatch: pytest.Mo
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     data_dir = tmp_path / "project" / ".minions"
-    assert connection.read_up_json(None) == {}
-    connection.publish_up_json(data_dir, {"api_url": "http://127.0.0.1:1", "admin_token": "t"})
+    assert up_json.read_up_json(None) == {}
+    up_json.publish_up_json(data_dir, {"api_url": "http://127.0.0.1:1", "admin_token": "t"})
     published = tmp_path / "state" / "minions" / "up.json"
     assert published.stat().st_mode & 0o777 == 0o600
-    assert connection.read_up_json(None)["api_url"] == "http://127.0.0.1:1"
+    assert up_json.read_up_json(None)["api_url"] == "http://127.0.0.1:1"
     # A ./.minions of a `minions up` started in this folder comes first.
     (elsewhere / ".minions").mkdir()
     (elsewhere / ".minions" / "up.json").write_text('{"api_url": "http://127.0.0.1:2"}')
-    assert connection.read_up_json(None)["api_url"] == "http://127.0.0.1:2"
+    assert up_json.read_up_json(None)["api_url"] == "http://127.0.0.1:2"
     # Stopping withdraws it, but only if it is still this data dir's.
-    connection.withdraw_up_json(tmp_path / "another")
+    up_json.withdraw_up_json(tmp_path / "another")
     assert published.exists()
-    connection.withdraw_up_json(data_dir)
+    up_json.withdraw_up_json(data_dir)
     assert not published.exists()

@@ -1,4 +1,4 @@
-"""Issue 26, item 2's drill: two honest agents whose Hugging Face caches hold different revisions of
+"""The model-identity drill: two honest agents whose Hugging Face caches hold different revisions of
 the same model (`minions-drill/minilm`, two snapshots of the bundled MiniLM under two commits) serve
 one task: it never holds results from both. The first lease pins the task to one agent's commit;
 the other agent gets no lease of it, and a task that names the other revision (`model@commit`) is

@@ -1,4 +1,4 @@
-"""Fuzzing what the OpenAPI run leaves alone (issue 8, item 6): every operation, called with hostile
+"""Fuzzing what the OpenAPI run leaves alone: every operation, called with hostile
 headers (an Authorization that is garbage, not UTF-8, or valid; extra headers of arbitrary bytes)
 and, where it takes a JSON body, with a value nested 64 to 100,000 levels deep put into that body.
 Whatever comes, no 5xx, and every error the app answers is in the project's JSON error shape.

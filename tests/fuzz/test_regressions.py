@@ -29,7 +29,7 @@ def _case(case_id: str, method: str, operation: str, path: str, body: Any = None
 
 
 CASES = [
-    # validation.py validate_task: `kind in PARAMS` hashes kind, so a list or object kind is a TypeError.
+    # task_fields.py check_fields: `kind in PARAMS` hashes kind, so a list or object kind is a TypeError.
     _case("task-kind-unhashable", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "kind": [], "params": {}}),
     # minions/names.py: NAME.match with `$` lets a trailing newline through; the minion_name domain does not.
     _case("task-name-newline", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "name": "regression\n"}),
@@ -64,7 +64,7 @@ CASES = [
           {"records": 2**31}, "executor"),
     _case("fail-error-nul", "POST", "/api/v1/leases/{token}/fail", f"/api/v1/leases/{TOKEN}/fail",
           {"error": "a\u0000b"}, "executor"),
-    # /v1 (issue 25, items 6 and 7): NUL into openai_files.id lookups; a multipart body with no boundary.
+    # /v1: NUL into openai_files.id lookups; a multipart body with no boundary.
     _case("v1-batch-file-nul", "POST", "/v1/batches", "/v1/batches",
           {"input_file_id": "file-\u0000", "endpoint": "/v1/embeddings", "completion_window": "24h"}),
     _case("v1-file-path-nul", "GET", "/v1/files/{file_id}", "/v1/files/file-%00"),

@@ -64,7 +64,7 @@ def test_finish_reason_and_usage() -> None:
 
 @pytest.mark.parametrize("model", ["m@", "@abc", "m@Some Thing", "m@" + "a" * 161])
 def test_a_model_pinned_to_a_bad_revision_is_refused_on_its_line(model: str) -> None:
-    """name@revision pins a task's model (sql/390); a revision that is empty, too long or of another
+    """name@revision pins a task's model (sql/schema/05_executors.sql); a revision that is empty, too long or of another
     form is refused on its line (it was a 500, or a task no executor could ever serve)."""
     line = b'{"custom_id":"c","method":"POST","url":"/v1/embeddings","body":{"model":"%s","input":"a"}}' % (
         model.encode())

@@ -1,4 +1,4 @@
-"""Compacted results (issue 14, item 6) with real services, a real PostgreSQL and the real local store:
+"""Compacted results with real services, a real PostgreSQL and the real local store:
 parts concatenate to the per-subtask results in order; a compaction killed with SIGKILL resumes and
 loses nothing; a tampered part is an error on every read path; gc keeps what parts need and removes
 per-subtask objects only once parts are recorded; cancelled tasks keep their results."""
@@ -171,7 +171,7 @@ async def test_parts_concatenate_to_the_results_and_gc_keeps_what_they_need(
 @pytest.mark.parametrize("cluster", [True], indirect=True, ids=["inline-outputs"])
 async def test_results_kept_in_the_database_compact_and_gc_drops_them_only_after(
         cluster: tuple[Services, MinionsClient]) -> None:
-    """Small inline outputs are committed in their rows (sql/230), no result object. Results are read
+    """Small inline outputs are committed in their rows (sql/schema/07_results.sql), no result object. Results are read
     from the rows; gc leaves them while the task is not compacted; compaction copies the same bytes
     into parts; then gc drops the rows' bytes (grace 0 here) and results are served from the parts."""
     services, client = cluster

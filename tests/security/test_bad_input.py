@@ -1,4 +1,4 @@
-"""Issue 8, item 6: bad input is a clear 4xx in the project's error shape, never a 500: JSON nested
+"""Bad input is a clear 4xx in the project's error shape, never a 500: JSON nested
 deeper than anything parses safely (in an inline record, in `hardware` at register, in any body),
 and bytes that are not UTF-8 in the Authorization header (or any other header)."""
 

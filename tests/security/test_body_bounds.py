@@ -1,4 +1,4 @@
-"""Issue 25, "bounded memory on every route": every JSON body of the API, not /v1's alone, is bounded
+"""Bounded memory on every route: every JSON body of the API, not /v1's alone, is bounded
 in JSON values before it is decoded (services/api/json_bounds.py, through bodies.json_object), and
 the routes whose bodies are small by nature have caps that fit them (413 before a byte is decoded).
 

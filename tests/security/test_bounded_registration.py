@@ -2,7 +2,7 @@
 body over 1 MiB is not even decoded), one
 executor token holds at most MINIONS_MAX_EXECUTORS_PER_TOKEN executor names and adds at most
 MINIONS_REGISTRATIONS_PER_MINUTE new ones a minute (429 with Retry-After past it), enforced in the
-database (sql/360_bounded_registration.sql) so that API processes sharing it cannot together exceed a
+database (sql/schema/05_executors.sql) so that API processes sharing it cannot together exceed a
 bound. Registering a name the token holds again (an agent restarting) stays allowed, past both."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ async def test_a_token_holds_at_most_its_executors_across_api_processes(database
 
 async def test_names_no_longer_in_use_leave_the_cap(database_url: str, tmp_path: Path) -> None:
     """The cap counts the executors a token uses (registered in the last 7 days, or heard from in the
-    last day, sql/393), not every name it ever registered: a fleet of short-lived hosts named after
+    last day, sql/schema/06_leases.sql), not every name it ever registered: a fleet of short-lived hosts named after
     their hostname would otherwise reach it for good, with no way to remove names."""
     cap = 3
     async with running_api(database_url, tmp_path / "store", max_executors_per_token=cap) as api:

@@ -1,4 +1,4 @@
-"""Issue 8, item 8: what a team sees of shared executors. A team's token must not learn, from any
+"""What a team sees of shared executors. A team's token must not learn, from any
 endpoint that shows executors or subtasks, another team's preferences, task names or work, nor the
 hardware of executors outside its team; an admin sees all. (The web UI renders what
 `GET /api/v1/executors` answers, so the API's answer is what is checked here.)"""

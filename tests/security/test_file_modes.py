@@ -1,4 +1,4 @@
-"""Issue 8, item 11: what `minions up` and the services write to disk (the local store's inputs,
+"""What `minions up` and the services write to disk (the local store's inputs,
 results and temporary uploads; the logs) is for their user alone: 0700 folders, 0600 files, like
 pg/, up.json and the tokens. Run with a permissive umask (022), as a user's shell has it, so that
 only explicit modes or the umask `minions up` sets can pass."""

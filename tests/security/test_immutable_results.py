@@ -1,4 +1,4 @@
-"""Issue 8, item 3: a committed result cannot change.
+"""A committed result cannot change.
 
 An output URL stops working once its lease is no longer live (completed, failed, released, lost) on
 the local store; on S3, where a presigned URL cannot be revoked, what it writes after the commit is

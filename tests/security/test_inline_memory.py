@@ -1,8 +1,8 @@
-"""Issue 8, item 1: an inline submission costs the API memory in proportion to its body, not to its
+"""An inline submission costs the API memory in proportion to its body, not to its
 record count, and gives it back; and a token of another team is refused before any record is read.
 
 Measured on the real API process (python -m minions.services.api) from /proc. The body holds small
-sleep records, the worst case for per-record overhead (the issue's probe: 63 MB, 1.9M records took
+sleep records, the worst case for per-record overhead (the probe that found the defect: 63 MB, 1.9M records took
 the API to 8.5 GB and left it at 6 GB)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from minions.testing.factories import make_token
 from minions.testing.processes import Services
 
 # MINIONS_TEST_INLINE_MB shrinks the probe (to check the test against old code without taking
-# gigabytes of a shared machine); the issue's target is stated for 60 MB.
+# gigabytes of a shared machine); the target is stated for 60 MB.
 BODY_MB = float(os.environ.get("MINIONS_TEST_INLINE_MB", "60"))
 MB = 1 << 20
 

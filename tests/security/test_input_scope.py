@@ -1,4 +1,4 @@
-"""Issue 8, item 2: `input.uri` is scoped to the submitter's team. A task may read its team's own
+"""`input.uri` is scoped to the submitter's team. A task may read its team's own
 uploads and inline inputs, or s3:// prefixes an operator allowed for the team; anything else is
 403 input_not_allowed and nothing is created (real API processes, real PostgreSQL)."""
 

@@ -1,11 +1,11 @@
-"""Issue 25, item 3: a lease's input URL reads its lease's range alone, and only while it holds it.
+"""A lease's input URL reads its lease's range alone, and only while it holds it.
 
 Before, the input GET URL was signed for the whole object and lasted 12 h: after its lease was lost it
 still answered 206, and without a `Range` header it returned the whole object (600 records for a
 lease of 300). Now the local store signs the lease token and the byte range into the URL
 (minions/store/signing.py): no Range is the signed range, a Range outside it is 416
 `range_not_signed`, an edited range is 403 `bad_signature`, and once the lease is not live the URL
-answers 403 `lease_ended` (sql/350_input_readable.sql). On S3, which knows nothing of leases, the URL
+answers 403 `lease_ended` (sql/schema/08_inputs.sql). On S3, which knows nothing of leases, the URL
 lasts the lease timeout plus MINIONS_INPUT_URL_MARGIN_S, a heartbeat that renews the lease sends a
 fresh one, and the Range header is signed (moto checks neither signatures nor expiry: asserted on the
 URL's X-Amz-SignedHeaders and X-Amz-Expires).

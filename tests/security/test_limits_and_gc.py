@@ -1,4 +1,4 @@
-"""Issue 8, item 5: size limits and garbage. POST /inputs and output PUTs are capped (413 with the
+"""Size limits and garbage. POST /inputs and output PUTs are capped (413 with the
 limit), a team's stored input bytes have a quota, and `minions gc` / the watchdog's sweep return
 the space of unreferenced uploads, outputs of deleted tasks and dead attempts, and the partial
 writes of an API killed mid-upload (real processes, real PostgreSQL)."""

@@ -1,6 +1,6 @@
 """Model identity pinned per task. An executor reports, per model, a fingerprint of
 what it loaded (docs/API.md, register); a task's fingerprint is fixed at submission (`model@revision`)
-or by its first lease (sql/391), and from then on only executors of that fingerprint lease its
+or by its first lease (sql/schema/06_leases.sql), and from then on only executors of that fingerprint lease its
 subtasks, so a task never mixes models. An executor that reports none (an older agent) is its own
 fingerprint, 'unknown:<executor id>', and shown as such. Each attempt records the fingerprint and
 precision it ran with (GET .../subtasks).
@@ -96,8 +96,8 @@ async def test_a_preferred_task_and_a_straggler_backup_keep_the_pin(database_url
 
 async def test_an_executor_without_fingerprint_pins_nothing(database_url: str) -> None:
     """An older agent, or one that has not loaded the model yet (no fingerprint: 'unknown:<id>'), takes
-    only tasks no one pinned and leaves them unpinned (sql/393): before, its first lease pinned the task
-    to 'unknown:<id>', so the task ran on that one machine and waited forever once it was gone. It never
+    only tasks no one pinned and leaves them unpinned (minion_claim_pin_tasks): pinning the task to
+    'unknown:<id>' would make the task run on that one machine and wait forever once it was gone. It never
     joins a task pinned to a reported fingerprint, and its attempts read as unknown."""
     conn, token_id = await _setup(database_url)
     old = await _executor(conn, token_id, None)

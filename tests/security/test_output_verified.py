@@ -1,4 +1,4 @@
-"""Issue 8, item 4: complete verifies the output. An output that does not hold exactly one line per
+"""Complete verifies the output. An output that does not hold exactly one line per
 input record, with the input's ids in order, is refused with 422 `output_mismatch`, commits
 nothing, and leaves the lease live: the executor can fix the output and complete again, or fail it.
 
@@ -68,7 +68,7 @@ async def test_complete_refuses_an_output_that_does_not_answer_the_records(steps
 
 
 async def test_a_refused_output_leaves_the_lease_to_be_failed(steps: LeaseSteps) -> None:
-    """The issue's case: an empty object completed with `records: 3` gave a completed task with 0
+    """An empty object completed with `records: 3` is refused: it would give a completed task with 0
     result lines."""
     await steps.submit_sleep("empty", IDS, subtask_size=3)
     executor_id = await steps.register("probe")

@@ -1,4 +1,4 @@
-"""Issue 26, item 1: results checked by shape, per kind, at complete; every reader relies on it.
+"""Results checked by shape, per kind, at complete; every reader relies on it.
 
 Complete refuses (422 `output_mismatch`, naming the line and the field; nothing committed, the lease
 still live) an embedding that is not a list of float32 numbers or not as long as the task's other

@@ -1,4 +1,4 @@
-"""Issue 8, item 9: slow clients cannot pin the API's sockets. Headers that dribble in are cut
+"""Slow clients cannot pin the API's sockets. Headers that dribble in are cut
 after the header timeout, a body that trickles gets 408 after the body timeout, one address holds
 at most MINIONS_MAX_CONNECTIONS_PER_IP connections (more: 429), and health answers throughout.
 

@@ -1,4 +1,4 @@
-"""Issue 8, item 12: the backoff of `minions up`'s supervisor is for crash loops. A child that ran
+"""The backoff of `minions up`'s supervisor is for crash loops. A child that ran
 healthily for a while and then died is restarted at once, not after the longest delay an earlier
 crash loop reached. A real child process keeps its own record of when it started and ended."""
 

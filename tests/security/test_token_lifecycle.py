@@ -1,4 +1,4 @@
-"""Issue 8, item 7: tokens can be listed (never their secret), revoked and made to expire, and a
+"""Tokens can be listed (never their secret), revoked and made to expire, and a
 revocation bites on every API process within a second (a NOTIFY drops the processes' cached
 entries), not after the ten seconds of the per-process cache. Two real API processes, one database."""
 
@@ -22,7 +22,7 @@ from minions.testing.factories import make_token
 from minions.testing.processes import Service, Services
 from tests.support.paths import REPO
 
-REVOCATION_BOUND_S = 1.0  # the issue's bound: every process refuses a revoked token within 1 s
+REVOCATION_BOUND_S = 1.0  # the bound: every process refuses a revoked token within 1 s
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Issue 25, item 1: a JSON body on /v1 costs the API memory in proportion to its size, not ~70x it.
+"""A JSON body on /v1 costs the API memory in proportion to its size, not ~70x it.
 
 `POST /v1/embeddings` with `{"input": ["a", "a", ...]}` of 12.5 MB took a worker from 85 MB to
 916 MB before its 422; a 12.5 MB line of a batch input file, 1,253 MB. Now a /v1 body is capped in
@@ -25,7 +25,7 @@ LIMIT = Settings.openai_max_request_bytes  # the default cap
 
 
 def _embeddings_body(size: int) -> bytes:
-    """`{"model", "input": ["a", "a", ...]}` of about `size` bytes: the issue's worst case."""
+    """`{"model", "input": ["a", "a", ...]}` of about `size` bytes: the worst case of memory per byte."""
     count = (size - 40) // 4
     return b'{"model":"m","input":[' + b",".join([b'"a"'] * count) + b"]}"
 
@@ -114,7 +114,7 @@ def _line(custom_id: str, body: bytes) -> bytes:
 
 
 async def test_a_long_batch_line_fails_its_batch_without_being_held(services: Services) -> None:
-    """A 12.5 MB line (the issue's): the batch fails validation with `line_too_long` on that line,
+    """A 12.5 MB line: the batch fails validation with `line_too_long` on that line,
     and the API never holds more than a small multiple of the cap; a line within the cap holding a
     million inputs is refused at the 2049th."""
     pid, tokens = await _api(services)

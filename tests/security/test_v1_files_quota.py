@@ -1,4 +1,4 @@
-"""Issue 25, item 2: `/v1/files` had no size cap and no quota (a 100 MB upload was stored, above the
+"""`/v1/files` had no size cap and no quota (a 100 MB upload was stored, above the
 API's 64 MiB body limit, and the team's input usage did not move). An upload now has POST
 /api/v1/inputs' cap (MINIONS_MAX_INPUT_BYTES) and counts against the same quota of stored input bytes
 (MINIONS_TEAM_INPUT_QUOTA_BYTES, team_input_usage); deleting the file gives the room back. Real API

@@ -1,4 +1,4 @@
-"""Issue 25, item 6: `POST /v1/files` with `Content-Type: multipart/form-data` and no boundary was
+"""`POST /v1/files` with `Content-Type: multipart/form-data` and no boundary was
 a 500. Now it, and every other multipart body that cannot be read, is a 400 `malformed_body`."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ async def _post(url: str, token: str, content_type: str, body: bytes) -> tuple[i
 
 
 @pytest.mark.parametrize(("content_type", "body"), [
-    ("multipart/form-data", GOOD_PART),                       # the issue's: no boundary at all
+    ("multipart/form-data", GOOD_PART),                       # no boundary at all
     ("multipart/form-data; boundary=", GOOD_PART),            # an empty one
     ("multipart/form-data; boundary=" + "x" * 100, GOOD_PART),  # longer than RFC 2046's 70
     ("multipart/form-data; boundary=b", b"not multipart at all"),

@@ -1,4 +1,4 @@
-"""Issue 25, item 7 (its NUL part): a NUL in `input_file_id` (POST /v1/batches) answered a 422 that
+"""A NUL in `input_file_id` (POST /v1/batches) answered a 422 that
 echoed PostgreSQL's encoding error. No /v1 id or text parameter reaches the database holding one now:
 a body field is 422 naming the field, an id in a path is 404, a query parameter is 422, and no answer
 carries the database's words. A file name is informational: kept, NUL escaped."""
@@ -11,7 +11,7 @@ import aiohttp
 import yarl
 
 from minions import jsoncodec
-from minions.services.api.nul import NUL_RULE
+from minions.nul import NUL_RULE
 from minions.testing.processes import Services
 from tests.support.tenants import tenant_tokens
 

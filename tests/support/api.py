@@ -74,7 +74,7 @@ async def running_api(database_url: str, store_root: Path, **overrides: Any) -> 
     port = free_port()
     settings = Settings(database_url=database_url, store=store_root.as_uri(), host="127.0.0.1", port=port,
                         **{"long_poll_s": 30.0, "lease_timeout_s": 60.0, "heartbeat_interval_s": 5.0,
-                           # Spot checks off unless a test asks (sql/400): chance must not hold results.
+                           # Spot checks off unless a test asks: chance must not hold results.
                            "spot_check_share": 0.0, "trust_agreements": 0, **overrides})
     conn = await connect(database_url)
     admin, _ = await make_token(conn, "admin")

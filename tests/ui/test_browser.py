@@ -1,7 +1,7 @@
 """The web UI in a real browser (Debian's Chromium, driven by Playwright) against the real services
 as processes and test executors over HTTP: sign in, a rejected then an accepted submission, a task
 watched from running to completed, the results preview and download, the executors page. Then the
-trust spot checks earn (sql/400), shown on the executors page and on a task whose results a
+trust spot checks earn (sql/schema/11_checks.sql), shown on the executors page and on a task whose results a
 quarantine put in doubt.
 
 Each page is saved as a full-page screenshot under test-artifacts/screenshots/ for review."""
@@ -318,7 +318,7 @@ async def _sign_out(page: Page) -> None:
 
 
 async def _trust_scenario(database_url: str) -> None:
-    """Executors of four owners (sql/400, every lease checked): 'liar' commits the result of a task
+    """Executors of four owners (sql/schema/11_checks.sql, every lease checked): 'liar' commits the result of a task
     that then completes, loses a quorum to 'honest' and 'referee' (both trusted by it), and is
     quarantined by hand; 'newbie' has not been checked yet."""
     conn = await connect(database_url)

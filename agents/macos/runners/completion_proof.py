@@ -62,7 +62,7 @@ class StepTops:
         self._handle: Any = None
 
     def __enter__(self) -> StepTops:
-        if self._head is None:  # no LM head module to hook: no proofs, generation as before
+        if self._head is None:  # no LM head module to hook: plain generation, no proofs
             return self
 
         def keep(_module: Any, args: tuple[Any, ...]) -> None:

@@ -12,11 +12,11 @@ from minions.db.queries import Queries
 from minions.kinds import DEFAULT_SUBTASK_SIZE
 from minions.logging import get_logger
 from minions.names import is_name
+from minions.nul import NUL_RULE
 from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import json_object, query_int
 from minions.services.api.errors import conflict, invalid, not_found
-from minions.services.api.nul import NUL_RULE
 from minions.services.api.openai.files import file_row
 from minions.services.api.openai.finalize import settle
 from minions.services.api.openai.lines import batched, bounded_lines

@@ -13,12 +13,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.nul import without_nul
 from minions.services.api import inputs
 from minions.services.api.appkeys import POOL, SETTINGS, STORE
 from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import query_int
 from minions.services.api.errors import ApiError, invalid, not_found
-from minions.services.api.nul import without_nul
 from minions.services.api.openai.objects import file_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import new_id
 from minions.services.api.responses import json_response

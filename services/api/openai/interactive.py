@@ -1,6 +1,6 @@
 """The interactive lane: POST /v1/embeddings, /v1/chat/completions and /v1/completions answered
 synchronously by the same pull executors. A request becomes a one-subtask task above every native
-priority (split in the same transaction, sql/141_openai_interactive.sql); the handler waits for the
+priority (split in the same transaction, sql/schema/10_openai.sql); the handler waits for the
 task's end on the `task_ended` channel (the API's one LISTEN connection: no polling) and answers
 with the executor's result in OpenAI's shape. With no online executor serving the model it answers
 503 with Retry-After at once."""

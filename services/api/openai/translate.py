@@ -83,7 +83,7 @@ def parse_body(body: dict[str, Any], endpoint: str, custom_id: str, record_id: s
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > 256 or "\x00" in model:
         raise LineError("invalid_request", "body.model must be a model name", "body.model")
-    if (problem := model_revision_problem(model)) is not None:  # name@revision pins the model (sql/390)
+    if (problem := model_revision_problem(model)) is not None:  # name@revision pins the model
         raise LineError("invalid_request", f"body.model: {problem}", "body.model")
     if endpoint == "/v1/embeddings":
         return _embedding(body, custom_id, record_id, model)

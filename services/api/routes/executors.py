@@ -15,6 +15,7 @@ from minions.db.queries import Queries
 from minions.kinds import KINDS
 from minions.logging import get_logger
 from minions.names import FINGERPRINT, FINGERPRINT_RULE, NAME
+from minions.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api import spot_check
 from minions.services.api.appkeys import CLUSTER, INPUTS, LEASES, POOL, SETTINGS, STORE, WAITERS
 from minions.services.api.auth import Principal, require
@@ -22,7 +23,6 @@ from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object, path_uuid
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid, not_found
 from minions.services.api.input_cache import InputCache
 from minions.services.api.messages import decode_body
-from minions.services.api.nul import NUL_RULE, nul_path, without_nul
 from minions.services.api.responses import json_response
 from minions.store.base import ObjectStore, StoreError
 
@@ -59,7 +59,7 @@ def _fingerprints(value: Any, models: list[str], errors: dict[str, str]) -> list
     """What the executor loaded for each model it serves: [{model, fingerprint, precision?, backend?,
     proofs?}]
     (docs/API.md). Absent (an agent from before fingerprints): none, and each model it serves counts
-    as its own fingerprint ('unknown:<executor id>', sql/390)."""
+    as its own fingerprint ('unknown:<executor id>', sql/schema/05_executors.sql)."""
     if value is None:
         return []
     if not isinstance(value, list) or len(value) > 1024:
@@ -167,7 +167,7 @@ async def register(request: web.Request) -> web.Response:
 
 
 def _refuse_registration(row: Any, settings: Settings) -> None:
-    """The error a registration verdict other than 'ok' stands for (sql/360_bounded_registration.sql)."""
+    """The error a registration verdict other than 'ok' stands for (sql/schema/05_executors.sql)."""
     if row["verdict"] == "too_many_executors":
         raise forbidden(f"this token holds {settings.max_executors_per_token:,} executor names already, the most "
                         "one token may register (MINIONS_MAX_EXECUTORS_PER_TOKEN); register again under one of "
@@ -236,7 +236,7 @@ async def claim(request: web.Request) -> web.Response:
             verdict = rows[0]["verdict"]
             if verdict == "leased":
                 return await _answer(request, rows, batched=batched)
-            if verdict == "quarantined":  # sql/400: its results lost quorums
+            if verdict == "quarantined":  # sql/schema/11_checks.sql: its results lost quorums
                 reason = await pool.fetchval(Q.quarantine_reason, executor_id)
                 raise forbidden(f"this executor is quarantined: {reason}; an admin may release it "
                                 "(minions executor release)", "quarantined")
@@ -320,7 +320,7 @@ async def _lease(request: web.Request, row: Any, data: bytes | None,
         subtask=protocol.LeasedSubtask(
             team=row["team"], project=row["project"], task_name=row["task_name"], subtask_id=row["subtask_id"],
             attempt=row["attempt"], kind=row["kind"], model=row["model"], params=row["params"],
-            # A kept input (sql/240) has no object to GET: its range always rides inline. An object's
+            # A kept input (sql/schema/08_inputs.sql) has no object to GET: its range always rides inline. An object's
             # URL reads this lease's range alone, while the lease lives.
             input=protocol.InputRef(url=None if row["input_uri"] is None else
                                     await store.presign_input(row["input_uri"], start, end, row["lease_token"],
@@ -466,7 +466,7 @@ async def list_executors(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/executors/{executor_id}/release")
 async def release_quarantine(request: web.Request) -> web.Response:
-    """An admin lifts a quarantine (sql/400): the executor claims again, its results checked until it
+    """An admin lifts a quarantine (sql/schema/11_checks.sql): the executor claims again, its results checked until it
     earns trust again."""
     require(request, "admin")
     executor_id = path_uuid(request, "executor_id", "executor")

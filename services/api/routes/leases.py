@@ -16,6 +16,7 @@ from aiohttp import web
 from minions import protocol
 from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.nul import without_nul
 from minions.redaction import redact_failure
 from minions.services.api import spot_check
 from minions.services.api.appkeys import LEASES, POOL, SETTINGS, STORE
@@ -23,7 +24,6 @@ from minions.services.api.auth import Principal, require
 from minions.services.api.bodies import TOKEN_LIST_BYTES, json_object
 from minions.services.api.errors import ApiError, conflict, forbidden, invalid
 from minions.services.api.messages import decode_body
-from minions.services.api.nul import without_nul
 from minions.services.api.output_check import OutputMismatch
 from minions.services.api.responses import json_response
 from minions.services.api.verified_output import VerifiedOutput, copy_verified
@@ -47,8 +47,8 @@ _REFUSED = {
 _COMPLETION_RULES = {"records": f"required: a whole number from 0 to {MAX_NUMBER}",
                      "seconds": f"required: a number from 0 to {MAX_NUMBER}",
                      "output": "must be a string: the output's JSONL"}
-# Route caps (a body past one is 413 before it is decoded): a failure's text is kept to 4,000
-# characters, so a megabyte is any traceback with room to spare.
+# Route caps (a body past one is 413 before it is decoded): a failure's text is kept to
+# protocol.MAX_ERROR_CHARS, so a megabyte is any traceback with room to spare.
 # Completes carry inline outputs (up to MAX_TOKENS of MINIONS_INLINE_OUTPUT_BYTES each, escaped) and
 # keep the API's cap; every body is bounded in JSON values as well (json_bounds).
 MAX_FAILURE_BYTES = 1 << 20
@@ -86,11 +86,11 @@ async def _lease(request: web.Request, principal: Principal, raw: str, *, to_com
 
 async def _still_live(request: web.Request, lease: _Lease) -> bool:
     """Whether a lease known from its claim is still current (asked only when a check failed, so that a
-    stale lease is refused as stale, as before, not for what its output holds)."""
+    stale lease is refused as stale, not for what its output holds)."""
     return not lease.cached or await request.app[POOL].fetchrow(Q.lease_info, lease.token) is not None
 
 
-# A complete that counts though it commits nothing yet, or commits another's result (sql/400): a result
+# A complete that counts though it commits nothing yet, or commits another's result (sql/schema/11_checks.sql): a result
 # held for its check, or a replica's vote. The executor is answered as for any complete.
 _CHECKED = ("held", "agreed", "disputed", "no_quorum")
 
@@ -118,7 +118,7 @@ class _Completing:
 
 async def _prepare_complete(request: web.Request, lease: _Lease, completion: protocol.Completion) -> _Completing:
     """The lease's output verified and copied to its result key (or, small and inline, kept for the
-    row: sql/230); ApiError when it cannot be
+    row: sql/schema/07_results.sql); ApiError when it cannot be
     committed (a stale lease is left to the SQL, which says why)."""
     inline = None if completion.output is None else completion.output.encode()
     limit = request.app[SETTINGS].inline_output_bytes
@@ -141,7 +141,7 @@ async def _prepare_complete(request: web.Request, lease: _Lease, completion: pro
 
 async def _input_of(request: web.Request, lease: _Lease) -> bytes | None:
     """The lease's input range if the API has it at hand (kept from its claim), or when the task's
-    input is kept in the database (sql/240): then from the lease's lookup, or read now. None: the
+    input is kept in the database (sql/schema/08_inputs.sql): then from the lease's lookup, or read now. None: the
     check reads it from the input object."""
     data = request.app[LEASES].input_of(lease.token)
     if data is not None or lease.live["input_uri"] is not None:
@@ -173,7 +173,7 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
 
 
 async def _dimension_mismatch(request: web.Request, done: _Completing) -> ApiError:
-    """The 422 for an output whose vectors are not as long as those the task committed (sql/380)."""
+    """The 422 for an output whose vectors are not as long as those the task committed (sql/schema/07_results.sql)."""
     assert done.verified is not None and done.lease.live is not None
     pinned = await request.app[POOL].fetchval(Q.task_dimension, done.lease.live["task_id"])
     verified = done.verified
@@ -271,7 +271,8 @@ async def _discard(store: ObjectStore, key: str) -> None:
 def _error_text(failure: protocol.Failure, lease: _Lease) -> str:
     # The text is the executor's, shown to the task's team in /subtasks and results: secrets in it
     # (any lease's token, a signed URL, an API token) are redacted before it is stored, logged or shown.
-    return str(without_nul(redact_failure(failure.error[:4000], known=(str(lease.token), lease.raw))))
+    text = failure.error[:protocol.MAX_ERROR_CHARS]
+    return str(without_nul(redact_failure(text, known=(str(lease.token), lease.raw))))
 
 
 def _failed(request: web.Request, lease: _Lease, verdict: str, error: str, retryable: bool) -> None:

@@ -1,6 +1,7 @@
-"""GET /api/v1/meta: the kinds (with their params and default subtask sizes) and the task statuses,
-as minions/kinds.py defines them, so the web UI and other clients need not restate them. Any token
-may read them (executor tokens too): they are facts about the server, not about anyone's tasks."""
+"""GET /api/v1/meta: the kinds (with their params and default subtask sizes), the task statuses, the
+subtask states and the attempt outcomes, as minions/kinds.py defines them, so the web UI and other
+clients need not restate them. Any token may read them (executor tokens too): they are facts about
+the server, not about anyone's tasks."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from aiohttp import web
 
 from minions import jsoncodec
 from minions.kinds import (
+    ATTEMPT_OUTCOMES,
     DEFAULT_SUBTASK_SIZE,
     FINISHED_TASK_STATUSES,
     KINDS,
     PARAMS,
+    PROBLEM_ATTEMPT_OUTCOMES,
+    RUNNING_ATTEMPT,
     SUBTASK_STATES,
     TASK_STATUSES,
     UNSPLIT_TASK_STATUSES,
@@ -33,6 +37,9 @@ def meta_document() -> dict[str, Any]:
         "finished_task_statuses": list(FINISHED_TASK_STATUSES),
         "unsplit_task_statuses": list(UNSPLIT_TASK_STATUSES),
         "subtask_states": list(SUBTASK_STATES),
+        "attempt_outcomes": list(ATTEMPT_OUTCOMES),
+        "running_attempt": RUNNING_ATTEMPT,
+        "problem_attempt_outcomes": list(PROBLEM_ATTEMPT_OUTCOMES),
     }
 
 

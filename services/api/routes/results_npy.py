@@ -19,12 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec, result_shapes
+from minions.committed_results import ResultCorrupted
 from minions.logging import get_logger
 from minions.result_shapes import Malformed
 from minions.services.api.errors import ApiError, conflict, invalid
 from minions.services.api.openai.lines import lines_of
 from minions.services.api.routes import tasks as task_routes
-from minions.services.api.verified_output import ResultCorrupted
 from minions.store.base import ObjectNotFound
 
 log = get_logger(__name__)

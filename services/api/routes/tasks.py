@@ -15,6 +15,14 @@ import asyncpg
 from aiohttp import web
 
 from minions import jsoncodec, readahead
+from minions.committed_results import (
+    VERIFY_IN_MEMORY,
+    ResultCompacted,
+    ResultCorrupted,
+    committed_uri,
+    read_committed,
+    read_verified,
+)
 from minions.db.queries import Queries
 from minions.kinds import FINISHED_TASK_STATUSES, TASK_STATUSES
 from minions.logging import get_logger
@@ -32,14 +40,6 @@ from minions.services.api.representations import task_object
 from minions.services.api.responses import json_response
 from minions.services.api.submission_body import read_submission
 from minions.services.api.validation import TaskRequest, validate_task
-from minions.services.api.verified_output import (
-    VERIFY_IN_MEMORY,
-    ResultCompacted,
-    ResultCorrupted,
-    committed_uri,
-    read_committed,
-    read_verified,
-)
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
@@ -100,7 +100,7 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
             return await _resubmitted(request, task, existing)
         input_uri = await _store_input(request, principal, task)
     # One function call: the task, the subtasks of a small one, and its records when they are kept in
-    # the database (sql/181_submit_task.sql, sql/240_inputs_in_database.sql).
+    # the database (sql/schema/04_tasks.sql, sql/schema/08_inputs.sql).
     split = (ranges.byte_starts, ranges.byte_ends, ranges.first_records, ranges.records, ranges.kept) \
         if ranges is not None else (None,) * 5
     quota = request.app[SETTINGS].team_input_quota_bytes
@@ -235,7 +235,7 @@ async def cancel_task(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/tasks/{team}/{project}/{name}/verify")
 async def verify_task(request: web.Request) -> web.Response:
-    """A finished task's results run again by others as a task of their own (sql/402): those that came
+    """A finished task's results run again by others as a task of their own (sql/schema/11_checks.sql): those that came
     from an executor quarantined since (or every one, `"all": true`). The caller compares the two
     tasks' results by record id (`minions verify`)."""
     principal = require(request, "user")

@@ -1,5 +1,5 @@
 """Token lifecycle for admins: list, create (optionally expiring), revoke. The same SQL functions
-as `minions token …` (sql/090_token_lifecycle.sql); a list never shows a secret, only its prefix."""
+as `minions token …` (sql/schema/09_tokens.sql); a list never shows a secret, only its prefix."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ export async function api(path, { method = "GET", body, headers = {}, signal, ra
 
 /**
  * What the server knows (GET /api/v1/meta): the kinds with their params and default subtask sizes,
- * and the task statuses (minions/kinds.py), so the UI restates none of them. Loaded once after
+ * the task statuses, the subtask states and the attempt outcomes (minions/kinds.py), so the UI
+ * restates none of them. Loaded once after
  * sign-in, before the first view is drawn; views read it as it is.
  */
 export let meta = null;
@@ -90,6 +91,17 @@ export const isFinished = (status) => meta.finished_task_statuses.includes(statu
 
 /** Whether a task is not split yet (it has no subtasks to show). */
 export const isUnsplit = (status) => meta.unsplit_task_statuses.includes(status);
+
+/** Whether an attempt (an entry of a subtask's history) is a retry or a failure: its work did not stand. */
+export const isProblemAttempt = (attempt) => meta.problem_attempt_outcomes.includes(attempt.outcome);
+
+/**
+ * A task's subtask counts as the parts of its progress bar: done first, then each other state the
+ * server lists, in its order; pending subtasks are the bar's empty rest.
+ */
+export const progressParts = (counts) => Object.fromEntries(
+  ["done", ...meta.subtask_states.filter((state) => state !== "done" && state !== "pending")]
+    .map((state) => [state, counts[state] || 0]));
 
 export const taskPath = (team, project, name) =>
   `/api/v1/tasks/${encodeURIComponent(team)}/${encodeURIComponent(project)}/${encodeURIComponent(name)}`;

@@ -133,15 +133,15 @@ export function pill(status, text = status) {
   return h("span.pill", { class: `pill-${status}`, dataset: { status } }, h("span.pill-dot"), text);
 }
 
-/** A bar in segments: done, held for a spot check, in progress, failed, cancelled (each a share of the total). */
+/** A bar in segments, one a part (a subtask state's count, as api.js's progressParts gives them), in the
+ * order of `parts`, each a share of the total; each segment's colour is its CSS class, seg-<part>. */
 export function progressBar(parts, total, { size = "md", label } = {}) {
   const bar = h("div.progress", {
     class: `progress-${size}`, role: "progressbar", "aria-valuemin": "0", "aria-valuemax": String(total || 0),
     "aria-valuenow": String(parts.done || 0), "aria-label": label || "progress",
   });
   if (total > 0) {
-    for (const key of ["done", "checking", "leased", "failed", "cancelled"]) {
-      const value = parts[key] || 0;
+    for (const [key, value] of Object.entries(parts)) {
       if (value > 0) {
         bar.append(h("span.progress-seg", { class: `seg-${key}`, style: { width: `${(100 * value) / total}%` } }));
       }

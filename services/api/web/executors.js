@@ -88,7 +88,7 @@ export function executorsView(ctx) {
     }, reported.map((f) => f.fingerprint.replace(/^sha256:/, "").slice(0, 12)).join(", "));
   }
 
-  // Spot checks (sql/400): quarantined (with the reason), trusted (only a random share of its results
+  // Spot checks (sql/schema/11_checks.sql): quarantined (with the reason), trusted (only a random share of its results
   // is run again by another executor) or checked (every result, until it has agreed often enough).
   function trustCell(e) {
     const t = e.trust;

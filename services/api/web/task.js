@@ -1,7 +1,7 @@
 // #/tasks/{team}/{project}/{name}: one task, live: progress, subtask map, attempts, executors,
 // a results preview and the download.
 
-import { api, ApiError, isFinished, isUnsplit, taskPath } from "./api.js";
+import { api, ApiError, isFinished, isProblemAttempt, isUnsplit, meta, progressParts, taskPath } from "./api.js";
 import {
   clear, emptyState, fmtAgo, fmtBytes, fmtClock, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, kv, pill,
   progressBar, secondsBetween, secondsSince, stat, taskElapsed, taskRate, toast,
@@ -11,12 +11,10 @@ const MAX_SUBTASKS = 2000; // cells drawn; the counts above always cover the who
 const PAGE = 1000;
 const PREVIEW_LINES = 20;
 const ATTEMPT_ROWS = 100;
-const PROBLEM_OUTCOMES = new Set(["failed", "lost", "released", "cancelled", "outvoted", "revoked"]);
 const WARNING_LABEL = { unservable: "Waiting. ", quarantined_results: "Results in doubt. " };
-// checking: completed once, its result held until a spot check's replica agrees.
-const STATES = ["done", "checking", "leased", "pending", "failed", "cancelled"];
-const STATE_LABEL = { done: "Done", checking: "Checking", leased: "Running", pending: "Pending", failed: "Failed",
-  cancelled: "Cancelled" };
+// A subtask state is shown by its name, capitalised, but for a leased subtask: its executor is running it.
+const STATE_LABEL = { leased: "Running" };
+const stateLabel = (state) => STATE_LABEL[state] || state[0].toUpperCase() + state.slice(1);
 
 export function taskView(ctx, team, project, name) {
   const path = taskPath(team, project, name);
@@ -170,20 +168,20 @@ export function taskView(ctx, team, project, name) {
     const elapsed = taskElapsed(task);
     const remaining = Math.max(0, r.total - r.done);
     const eta = task.status === "running" && rate > 0 ? remaining / rate : null;
-    const attempts = subtasks.reduce((n, sub) => n + sub.history.filter((a) => a.outcome !== "running").length, 0);
-    const retries = subtasks.reduce((n, sub) => n + sub.history.filter((a) => PROBLEM_OUTCOMES.has(a.outcome)).length, 0);
+    const attempts = subtasks.reduce((n, sub) => n + sub.history.filter((a) => a.outcome !== meta.running_attempt).length, 0);
+    const retries = subtasks.reduce((n, sub) => n + sub.history.filter(isProblemAttempt).length, 0);
     const waiting = isUnsplit(task.status);
     clear(progressHost,
       h("div.progress-top",
         h("div.progress-figure",
           h("span.progress-big", fmtPct(r.done, r.total)),
           h("span.progress-of", waiting ? "splitting the input…" : `${fmtInt(r.done)} of ${fmtInt(r.total)} records`)),
-        h("div.legend", STATES.map((state) => {
+        h("div.legend", meta.subtask_states.map((state) => {
           const count = s[state] || 0;
           return h("span.legend-item", { class: count ? "" : "legend-zero", dataset: { state } },
-            h("span.legend-swatch", { class: `cell-${state}` }), `${STATE_LABEL[state]} `, h("strong", fmtInt(count)));
+            h("span.legend-swatch", { class: `cell-${state}` }), `${stateLabel(state)} `, h("strong", fmtInt(count)));
         }))),
-      progressBar(s, s.total, { size: "lg", label: "subtasks progress" }),
+      progressBar(progressParts(s), s.total, { size: "lg", label: "subtasks progress" }),
       h("div.stats.stats-inline",
         stat("Rate", rate ? `${fmtRate(rate)}` : "—", task.status === "running" ? "records / s, live" : "records / s, average"),
         stat(isFinished(task.status) ? "Duration" : "Elapsed", fmtDuration(elapsed),
@@ -214,7 +212,7 @@ export function taskView(ctx, team, project, name) {
         renderAttempts();
       },
     }, subtasks.map((sub) => h("span.cell", {
-      class: `cell-${sub.state}${selected === sub.subtask_id ? " cell-selected" : ""}${sub.history.some((a) => PROBLEM_OUTCOMES.has(a.outcome)) ? " cell-retried" : ""}`,
+      class: `cell-${sub.state}${selected === sub.subtask_id ? " cell-selected" : ""}${sub.history.some(isProblemAttempt) ? " cell-retried" : ""}`,
       dataset: { subtask: String(sub.subtask_id), state: sub.state },
       title: cellTitle(sub),
     }, size === "cells-large" ? String(sub.subtask_id) : null)));
@@ -225,7 +223,7 @@ export function taskView(ctx, team, project, name) {
   }
 
   function cellTitle(sub) {
-    const parts = [`Subtask ${sub.subtask_id}`, STATE_LABEL[sub.state] || sub.state, `${fmtInt(sub.records)} records`];
+    const parts = [`Subtask ${sub.subtask_id}`, stateLabel(sub.state), `${fmtInt(sub.records)} records`];
     if (sub.attempts) parts.push(`${sub.attempts} attempt${sub.attempts === 1 ? "" : "s"}`);
     if (sub.executor) parts.push(`on ${sub.executor}`);
     if (sub.last_error) parts.push(`last error: ${sub.last_error}`);
@@ -267,9 +265,9 @@ export function taskView(ctx, team, project, name) {
           e.done += 1;
           e.records += sub.records;
           e.seconds += a.seconds || 0;
-        } else if (a.outcome === "running") {
+        } else if (a.outcome === meta.running_attempt) {
           e.running += 1;
-        } else if (PROBLEM_OUTCOMES.has(a.outcome)) {
+        } else if (isProblemAttempt(a)) {
           e.problems += 1;
         }
         const at = a.ended_at || a.started_at;
@@ -302,7 +300,7 @@ export function taskView(ctx, team, project, name) {
       if (selected !== null && sub.subtask_id !== selected) continue;
       for (const a of sub.history) entries.push({ ...a, subtask_id: sub.subtask_id, records: sub.records });
     }
-    if (problemsOnly) entries = entries.filter((a) => PROBLEM_OUTCOMES.has(a.outcome));
+    if (problemsOnly) entries = entries.filter(isProblemAttempt);
     entries.sort((a, b) => (b.started_at || "").localeCompare(a.started_at || "") || b.attempt - a.attempt);
     const chip = selected !== null
       ? h("button.chip", { type: "button", onclick: () => { selected = null; renderMap(); renderAttempts(); } },

@@ -1,6 +1,6 @@
 // #/tasks: every task with live progress, filtered by status, team and project.
 
-import { api, isFinished, isUnsplit, meta } from "./api.js";
+import { api, isFinished, isUnsplit, meta, progressParts } from "./api.js";
 import {
   clear, emptyState, fmtAgo, fmtDuration, fmtInt, fmtPct, fmtRate, fmtTime, h, pill, progressBar, stat,
   taskElapsed, taskHref, taskRate,
@@ -139,7 +139,7 @@ export function tasksView(ctx) {
       h("div.task-scope", h("span", t.team), h("span.sep", "/"), h("span", t.project))),
     h("td", pill(t.status)),
     h("td.col-progress",
-      progressBar({ done: s.done, leased: s.leased, failed: s.failed, cancelled: s.cancelled }, s.total,
+      progressBar(progressParts(s), s.total,
         { size: "sm", label: `${t.name} progress` }),
       h("div.progress-caption",
         h("span.progress-records", `${fmtInt(t.records.done)} / ${fmtInt(t.records.total)} records`),

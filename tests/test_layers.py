@@ -1,0 +1,223 @@
+"""The layers hold: every import of the package's own code points the way the layers allow.
+
+The package is one import name, `minions`; `services/` and `agents/` join it through the symlinks
+minions/services and minions/agents, so `from minions.services.api import errors` reads like any
+other import of the package and nothing at import time tells a service from the core. This test
+reads the source of every module (minions/ without its symlinks, plus the real folders the links
+point to, named as the links name them) with `ast`: imports at the top, inside functions and under
+TYPE_CHECKING, relative imports, and `importlib.import_module("...")` of a literal name. It fails
+naming each import that points the wrong way (docs/ARCHITECTURE.md, "Layer rules"):
+
+| layer           | where                              | may import                         |
+|-----------------|------------------------------------|------------------------------------|
+| core            | minions/ but cli/, sdk/, testing/  | the core                           |
+| SDK             | minions/sdk/                       | the core                           |
+| CLI             | minions/cli/                       | the core, the SDK                  |
+| service NAME    | services/NAME/                     | the core (and its own modules)     |
+| agent           | agents/                            | the core                           |
+| harness         | minions/testing/                   | anything (imported by tests/ and bench/ only) |
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = "minions"
+# Top-level names the linked folders would have if imported from the repository root: the same code.
+LINKED_TOP_LEVEL = ("services", "agents")
+
+CORE, SDK, CLI, AGENT, HARNESS = "core", "SDK", "CLI", "agent", "harness"
+SERVICES_ROOT = "services package"  # minions/services/__init__.py itself (empty)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, as it imports: minions.services.api.errors
+    path: Path  # its source file where it really lies: services/api/errors.py
+    is_package: bool
+
+
+@dataclass(frozen=True)
+class Arrow:
+    source: Module
+    line: int
+    target: str
+
+    def __str__(self) -> str:
+        where = self.source.path.relative_to(REPO) if self.source.path.is_relative_to(REPO) else self.source.path
+        return (f"{where}:{self.line}: {layer_of(self.source.name)} imports {self.target} "
+                f"({layer_of(self.target)})")
+
+
+def package_modules(root: Path) -> dict[str, Module]:
+    """Every module of the package under `root`, named as it imports: `root`/minions walked without
+    following its symlinks, then the real folder each symlinked folder points to, under the link's name."""
+    modules: dict[str, Module] = {}
+    package_dir = root / PACKAGE
+    _walk(package_dir, [PACKAGE], modules)
+    for entry in sorted(package_dir.iterdir()):
+        if entry.is_symlink() and entry.is_dir():
+            _walk(entry.resolve(), [PACKAGE, entry.name], modules)
+    return modules
+
+
+def _walk(folder: Path, prefix: list[str], modules: dict[str, Module]) -> None:
+    for dirpath, dirnames, filenames in os.walk(folder):  # followlinks=False: links are walked on their own
+        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink() and d != "__pycache__")
+        for filename in sorted(filenames):
+            if not filename.endswith(".py"):
+                continue
+            path = Path(dirpath) / filename
+            parts = [*prefix, *path.relative_to(folder).with_suffix("").parts]
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts = parts[:-1]
+            modules[".".join(parts)] = Module(".".join(parts), path, is_package)
+
+
+def layer_of(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return CORE
+    match parts[1]:
+        case "services":
+            return f"service {parts[2]}" if len(parts) > 2 else SERVICES_ROOT
+        case "agents":
+            return AGENT
+        case "cli":
+            return CLI
+        case "sdk":
+            return SDK
+        case "testing":
+            return HARNESS
+    return CORE
+
+
+def allowed(source: str, target: str) -> bool:
+    """May a module of layer `source` import one of layer `target`? (the table above)"""
+    return (target in (source, CORE) or source == HARNESS or (source == CLI and target == SDK)
+            or (source.startswith("service ") and target == SERVICES_ROOT))
+
+
+def imports_of(module: Module, modules: dict[str, Module]) -> Iterator[tuple[int, str]]:
+    """(line, module name) of each import of the package's own code in `module`, wherever it sits."""
+    tree = ast.parse(module.path.read_bytes(), filename=str(module.path))
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, _own(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*base_parts, node.module] if node.module else base_parts)
+            else:
+                base = _own(node.module or "")
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                yield node.lineno, child if child in modules else base
+        elif isinstance(node, ast.Call) and _names_import_module(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield node.lineno, _own(first.value)
+
+
+def _own(name: str) -> str:
+    """`services.api.x` and `agents.x` (the linked folders by their top-level names) are the package's."""
+    top = name.split(".")[0]
+    return f"{PACKAGE}.{name}" if top in LINKED_TOP_LEVEL else name
+
+
+def _names_import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+        (isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+
+
+def wrong_way_arrows(root: Path) -> list[Arrow]:
+    modules = package_modules(root)
+    arrows: dict[Arrow, None] = {}  # one per line and target, however many names the line imports
+    for module in modules.values():
+        source = layer_of(module.name)
+        for line, target in imports_of(module, modules):
+            if target.split(".")[0] == PACKAGE and not allowed(source, layer_of(target)):
+                arrows[Arrow(module, line, target)] = None
+    return list(arrows)
+
+
+def test_no_import_points_the_wrong_way() -> None:
+    arrows = wrong_way_arrows(REPO)
+    assert not arrows, "imports against the layers (docs/ARCHITECTURE.md, Layer rules):\n" + \
+        "\n".join(str(arrow) for arrow in arrows)
+
+
+def test_the_walk_reads_the_linked_folders_under_their_package_names() -> None:
+    modules = package_modules(REPO)
+    api = modules["minions.services.api.app"]
+    assert api.path == REPO / "services" / "api" / "app.py"
+    assert modules["minions.agents.macos.agent"].path == REPO / "agents" / "macos" / "agent.py"
+    assert {layer_of(name) for name in modules} >= {CORE, SDK, CLI, AGENT, HARNESS, "service api",
+                                                    "service splitter", "service watchdog"}
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for relative, source in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    for linked in LINKED_TOP_LEVEL:
+        (root / PACKAGE / linked).symlink_to(Path("..") / linked, target_is_directory=True)
+
+
+@pytest.fixture
+def small_tree(tmp_path: Path) -> Path:
+    """A package laid out like ours, one arrow of each wrong kind and one of each allowed kind."""
+    _tree(tmp_path, {
+        "minions/__init__.py": "",
+        "minions/records.py": "def lazily():\n    from minions.services.api import handlers\n",
+        "minions/cli/__init__.py": "",
+        "minions/cli/connection.py": "from minions.sdk import client\nfrom minions import records\n",
+        "minions/sdk/__init__.py": "",
+        "minions/sdk/client.py": "from minions import records\n\ndef bar():\n    from ..cli import connection\n",
+        "minions/testing/__init__.py": "",
+        "minions/testing/processes.py": "import minions.services.api.handlers\n"
+                                        "from minions.agents.macos import agent\n",
+        "services/__init__.py": "",
+        "services/api/__init__.py": "",
+        "services/api/handlers.py": "from . import routes\nfrom ..splitter.cutter import cut\n"
+                                    "from minions import records\n",
+        "services/api/routes.py": "import importlib\nimportlib.import_module('minions.services.watchdog')\n",
+        "services/splitter/__init__.py": "",
+        "services/splitter/cutter.py": "from minions.records import lazily\ncut = lazily\n",
+        "services/watchdog/__init__.py": "from minions.cli import connection\n",
+        "agents/__init__.py": "",
+        "agents/macos/__init__.py": "",
+        "agents/macos/agent.py": "from typing import TYPE_CHECKING\n"
+                                 "if TYPE_CHECKING:\n    import services.splitter.cutter\n",
+    })
+    return tmp_path
+
+
+def test_each_wrong_way_arrow_is_found_and_named(small_tree: Path) -> None:
+    found = {(arrow.source.name, arrow.line, arrow.target) for arrow in wrong_way_arrows(small_tree)}
+    assert found == {
+        ("minions.records", 2, "minions.services.api.handlers"),  # the core imports a service, in a function
+        ("minions.sdk.client", 4, "minions.cli.connection"),  # the SDK imports the CLI, relatively
+        ("minions.services.api.handlers", 2, "minions.services.splitter.cutter"),  # a service another
+        ("minions.services.api.routes", 2, "minions.services.watchdog"),  # by name, at run time
+        ("minions.services.watchdog", 1, "minions.cli.connection"),  # a service the CLI
+        ("minions.agents.macos.agent", 3, "minions.services.splitter.cutter"),  # the agent a service
+    }
+
+
+def test_an_arrow_names_the_file_where_it_really_lies(small_tree: Path) -> None:
+    arrows = {arrow.source.name: arrow for arrow in wrong_way_arrows(small_tree)}
+    handlers = arrows["minions.services.api.handlers"]
+    assert handlers.source.path == small_tree / "services" / "api" / "handlers.py"
+    assert "service api imports minions.services.splitter.cutter (service splitter)" in str(handlers)
