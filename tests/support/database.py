@@ -56,10 +56,8 @@ class TestDatabases:
         await migrate(self.url_for(f"{TEMPLATE}_{self._prefix}"))
 
     async def fresh(self) -> str:
-        """A new database cloned from the migrated template. FILE_COPY: a small template is copied
-        file by file faster than it is written through the WAL page by page (PostgreSQL 15+'s
-        default, meant for large templates)."""
-        return await self._create(f"TEMPLATE {TEMPLATE}_{self._prefix} STRATEGY FILE_COPY")
+        """A new database cloned from the migrated template."""
+        return await self._create(f"TEMPLATE {TEMPLATE}_{self._prefix}")
 
     async def empty(self) -> str:
         """A new database with nothing in it (for tests of the migrator itself)."""
