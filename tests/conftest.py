@@ -30,9 +30,11 @@ async def template_ready(databases: TestDatabases) -> AsyncIterator[TestDatabase
 
 
 @pytest_asyncio.fixture
-async def database_url(template_ready: TestDatabases) -> str:
-    """A fresh database with the whole schema, for this test alone."""
-    return await template_ready.fresh()
+async def database_url(template_ready: TestDatabases) -> AsyncIterator[str]:
+    """A fresh database with the whole schema, for this test alone (dropped once the test is over)."""
+    url = await template_ready.fresh()
+    yield url
+    template_ready.finished(url)
 
 
 @pytest_asyncio.fixture

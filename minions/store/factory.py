@@ -9,7 +9,6 @@ from urllib.parse import unquote, urlsplit
 from minions.private_files import DIR_MODE, make_private_dir, tighten
 from minions.store.base import ObjectStore
 from minions.store.local import LocalStore
-from minions.store.s3 import S3Store
 
 _HAS_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -20,6 +19,10 @@ def open_store(store_uri: str, *, s3_endpoint_url: str = "") -> ObjectStore:
     if not store_uri:
         raise ValueError("no object store configured: set MINIONS_STORE to s3://bucket/prefix or file:///path")
     if store_uri.startswith("s3://"):
+        # Imported only for an S3 store: aioboto3 and botocore take most of a second to import, which
+        # every service, CLI command and agent on a local store would otherwise pay at start.
+        from minions.store.s3 import S3Store
+
         return S3Store(store_uri, s3_endpoint_url or None)
     if store_uri.startswith("file://"):
         parts = urlsplit(store_uri)

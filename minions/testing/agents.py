@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minions.testing.processes import IMPORT_ROOT, ManagedProcess, Services
+from minions.testing.processes import IMPORT_ROOT, ManagedProcess, Services, stop_together
 
 
 @dataclass
@@ -44,11 +44,7 @@ class AgentFleet:
         return agent
 
     def stop_all(self) -> None:
-        for agent in self.agents:
-            try:
-                agent.terminate(10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
+        stop_together(self.agents)
 
     def logs(self) -> str:
         return "\n".join(f"--- agent {a.name} ---\n{a.log()[-3000:]}" for a in self.agents)

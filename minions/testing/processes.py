@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import minions
+from minions import cluster_settings, config
+from minions.db.migrate import migrate
 from minions.embedded_pg import free_port
 from minions.sdk.health import wait_until_healthy
 
@@ -38,6 +45,36 @@ class ManagedProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+async def _migrate_and_apply(database_url: str, settings: config.Settings) -> None:
+    await migrate(database_url)
+    await cluster_settings.apply_given_at(database_url, settings)
+
+
+def _run_to_end(work: Coroutine[Any, Any, None]) -> None:
+    """Runs `work` on an event loop of its own, in a thread, and waits: callable from synchronous
+    code, whether or not an event loop is running in this thread."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, work).result(timeout=60)
+
+
+def stop_together(processes: Iterable[ManagedProcess], timeout: float = 10) -> None:
+    """SIGTERM every process first, then wait for them all within one `timeout`; kill -9 those still
+    running by then. Each shuts down in parallel with the others: stopping N services costs the
+    slowest one's shutdown, not the sum of all."""
+    signalled = []
+    for each in processes:
+        if each.process is not None and each.process.poll() is None:
+            each.process.send_signal(signal.SIGTERM)
+            signalled.append(each)
+    deadline = time.monotonic() + timeout
+    for each in signalled:
+        assert each.process is not None
+        try:
+            each.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            each.kill()
 
 
 @dataclass
@@ -124,14 +161,17 @@ class Services:
 
     def apply_cluster_settings(self) -> None:
         """The lease timeout and max attempts, as set here, become the database's: what every
-        service reads (once per change of either; `minions db migrate` applies them from the env)."""
+        service reads (once per change of either). What `minions db migrate` does with this
+        environment (migrate, then apply the cluster settings it names), done in this process: a
+        `minions` process per cluster start cost a second of the test's time for its imports."""
         wanted = (self.lease_timeout_s, self.max_attempts)
         if self._cluster_applied == wanted:
             return
-        done = subprocess.run([sys.executable, "-m", "minions.cli.main", "db", "migrate"], env=self.env(),
-                              cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=60, check=False)
-        if done.returncode != 0:
-            raise AssertionError(f"minions db migrate failed:\n{done.stdout}{done.stderr}")
+        try:
+            settings = config.from_env(self.env()).validate()
+        except config.ConfigError as exc:
+            raise AssertionError(f"minions db migrate would refuse these settings: {exc}") from None
+        _run_to_end(_migrate_and_apply(self.database_url, settings))
         self._cluster_applied = wanted
 
     async def start_all(self) -> None:
@@ -145,11 +185,7 @@ class Services:
             raise AssertionError(f"API never became healthy:\n{self.running['api'].log()[-3000:]}")
 
     def stop_all(self) -> None:
-        for service in self.running.values():
-            try:
-                service.terminate(10)
-            except subprocess.TimeoutExpired:
-                service.kill()
+        stop_together(self.running.values())
 
     def logs(self) -> str:
         return "\n".join(f"--- {n} ---\n{s.log()[-4000:]}" for n, s in self.running.items())

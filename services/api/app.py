@@ -65,6 +65,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
+    app.on_shutdown.append(_release_waiting_claims)
     app.router.add_routes(health.routes)
     app.router.add_routes(meta.routes)
     openai_wiring.install(app)
@@ -150,6 +151,13 @@ async def _claim_waiters(app: web.Application) -> AsyncIterator[None]:
     app[WAITERS] = waiters
     yield
     await waiters.stop()
+
+
+async def _release_waiting_claims(app: web.Application) -> None:
+    # on_shutdown runs once the listening socket is closed and before aiohttp waits for the
+    # requests in flight: long-polls answer 204 now rather than hold the process's exit.
+    if WAITERS in app:
+        app[WAITERS].close()
 
 
 @web.middleware

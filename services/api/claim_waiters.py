@@ -63,6 +63,7 @@ class ClaimWaiters:
                                   on_lost=self._lost, probe_interval_s=probe_interval_s,
                                   also={each.channel: each.notified for each in self._listeners})
         self._task: asyncio.Task[None] | None = None
+        self.closing = False
 
     @property
     def connected(self) -> asyncio.Event:
@@ -73,6 +74,14 @@ class ClaimWaiters:
         # Serve even while the database is down; the listener catches up when it returns.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.connected.wait(), 5)
+
+    def close(self) -> None:
+        """The process is shutting down: every waiting claim is woken and, seeing `closing`, answers
+        204 at once. Otherwise the server's graceful shutdown would wait for each open long-poll to
+        time out (up to its shutdown timeout) before the process could exit; the executor's next
+        claim reaches a replica that is still serving."""
+        self.closing = True
+        self._wake_all()
 
     async def stop(self) -> None:
         if self._task:

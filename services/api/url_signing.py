@@ -15,7 +15,6 @@ from typing import Protocol
 from minions.store import signing
 from minions.store.base import ObjectStore, validate_key
 from minions.store.local import LocalStore
-from minions.store.s3 import S3Store
 
 
 class SigningStore(ObjectStore, Protocol):
@@ -64,6 +63,8 @@ def signing_store(store: ObjectStore, signing_key: str, base_url: str) -> Signin
     """The opened store, able to hand out URLs: S3 as it is, a local folder signed by us."""
     if isinstance(store, LocalStore):
         return SignedLocalStore(store.root, signing_key, base_url)
+    from minions.store.s3 import S3Store  # not before: only an S3 store needs boto's (slow) import
+
     if isinstance(store, S3Store):
         return store
     raise ValueError(f"cannot hand out URLs for the store {store.root_uri}")

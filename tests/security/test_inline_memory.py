@@ -92,8 +92,14 @@ async def test_a_60mb_inline_body_stays_within_4x_and_is_given_back(services: Se
     stored = services.store_root / "inputs" / "alpha" / "mem"
     (input_file,) = [p for p in stored.iterdir() if p.name.startswith("big-")]
     assert input_file.read_bytes().count(b"\n") == count  # every record stored, one line each
-    await asyncio.sleep(10)
+    # Given back within 10 s: RSS polled until it is back within 50 MB of the baseline (the memory
+    # is returned in well under that once the request's buffers are freed).
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
     after = _rss(api.process.pid)
+    while after - baseline >= 50 * MB and loop.time() < deadline:
+        await asyncio.sleep(0.25)
+        after = _rss(api.process.pid)
     assert after - baseline < 50 * MB, (
         f"RSS {after / MB:.0f} MB 10 s after the submission; baseline {baseline / MB:.0f} MB")
 

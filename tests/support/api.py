@@ -82,7 +82,9 @@ async def running_api(database_url: str, store_root: Path, **overrides: Any) -> 
     await cluster_settings.apply_given(conn, settings)  # the lease timeout is the database's
     await conn.close()
     app = create_app(settings)
-    runner = web.AppRunner(app)
+    # The API's own shutdown timeout (services/api/main.py), not aiohttp's default of 60 s: a
+    # connection still draining an oversized body it answered 413 holds the shutdown until then.
+    runner = web.AppRunner(app, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()

@@ -243,7 +243,8 @@ async def claim(request: web.Request) -> web.Response:
             _refuse(verdict, executor_id)
             waiter.capabilities = frozenset(rows[0]["capabilities"])
             remaining = deadline - loop.time()
-            if remaining <= 0 or not await waiter.wait(remaining):
+            # A process shutting down answers at once (ClaimWaiters.close), before and after a wait.
+            if waiters.closing or remaining <= 0 or not await waiter.wait(remaining) or waiters.closing:
                 return web.Response(status=204)
 
 
