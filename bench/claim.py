@@ -462,6 +462,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cycle-calls", type=int, default=21, help="--fair-share: negotiations timed per arm")
     p.add_argument("--explain", action="store_true",
                    help="--fair-share: also print the costliest statements inside one claim of each arm")
+    p.add_argument("--negotiate-every", type=float, default=1.0,
+                   help="--fair-share: seconds between the negotiations beside a run, as the watchdog's "
+                        "MINIONS_FAIR_SHARE_INTERVAL_S (0: only the one before it)")
     p.add_argument("--statements", action="store_true",
                    help="--fair-share: count every statement (pg_stat_statements, track = all; the server "
                         "restarts) and print, per lease, each arm's costliest beside the other's")

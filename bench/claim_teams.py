@@ -7,11 +7,11 @@ one team (1team) or each task its own team (Nteams); the executors are shared (n
 client. The watchdog's negotiation (minion_fair_share_cycle, with the watchdog's default settings)
 runs on each fresh copy before the run, so the Nteams copy starts with a round of turns and the 1team
 copy with none (a team alone has no turns), and once a second through the run from a side
-connection, as the watchdog would (a round has MINIONS_FAIR_SHARE_ROUND turns, 60 by default: with
-more teams than that, the round names the 60 least used, ties by name). For each batch size
-(`--max`) and client count the arms alternate (ABAB...), each run on a fresh copy of its template;
-the figure is the median of the runs' leases per second, and the ratio is 1team / Nteams (how much
-more a lease costs with N teams pending).
+connection, as the watchdog would (`--negotiate-every`; 0: only the one before). A round has
+MINIONS_FAIR_SHARE_ROUND turns, 60 by default: with more teams than that, it names the 60 least
+used, ties by name. For each batch size (`--max`) and client count the arms alternate (ABAB...),
+each run on a fresh copy of its template; the figure is the median of the runs' leases per second,
+and the ratio is 1team / Nteams (how much more a lease costs with N teams pending).
 
 It also times one negotiation on a fresh copy of each template (N teams: the cost the watchdog pays
 every second), with the statements inside it as auto_explain measures them, and with `--explain` the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
 import statistics
 import time
@@ -62,8 +63,9 @@ def arm_names(teams: int) -> list[str]:
 # --- the negotiation beside the clients ----------------------------------------------------------
 
 
-async def _negotiate_every_second(url: str, go: float, end: float) -> list[float]:
-    """The watchdog's loop: one negotiation a second from go to end; returns each one's seconds."""
+async def _negotiate_every(url: str, go: float, end: float, interval: float) -> list[float]:
+    """The watchdog's loop: one negotiation every `interval` seconds from go to end; returns each
+    one's seconds."""
     took: list[float] = []
     conn = await asyncpg.connect(url, timeout=30)
     try:
@@ -73,15 +75,15 @@ async def _negotiate_every_second(url: str, go: float, end: float) -> list[float
             t0 = time.monotonic()
             await conn.fetchval(WATCHDOG.fair_share_cycle, *CYCLE_ARGS)
             took.append(time.monotonic() - t0)
-            tick += 1.0
+            tick += interval
     finally:
         await conn.close()
     return took
 
 
-def _negotiator(pipe: Any, url: str, go: float, end: float) -> None:
+def _negotiator(pipe: Any, url: str, go: float, end: float, interval: float) -> None:
     try:
-        pipe.send(asyncio.run(_negotiate_every_second(url, go, end)))
+        pipe.send(asyncio.run(_negotiate_every(url, go, end, interval)))
     except BaseException as e:  # reported to the parent, which fails the run
         pipe.send(f"{type(e).__name__}: {e}")
     pipe.close()
@@ -122,6 +124,16 @@ async def negotiate(url: str) -> tuple[int, int]:
         await conn.fetchval(WATCHDOG.fair_share_cycle, *CYCLE_ARGS)
         row = await conn.fetchrow("SELECT count(*) AS turns, count(DISTINCT team) AS teams FROM fair_share_turns")
         return row["turns"], row["teams"]
+    finally:
+        await conn.close()
+
+
+async def wal_so_far(url: str) -> tuple[float, float]:
+    """The cluster's WAL bytes and full-page images written so far (pg_stat_wal)."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow("SELECT wal_bytes::float8 AS wal, wal_fpi::float8 AS fpi FROM pg_stat_wal")
+        return row["wal"], row["fpi"]
     finally:
         await conn.close()
 
@@ -316,7 +328,8 @@ def run(server: EmbeddedPostgres, args: argparse.Namespace, clients: list[int]) 
     print(f"# fair share: minion_claim_batch (the API's claim_batch statement), p_max {args.max}; "
           f"{args.subtasks} pending subtasks in {args.teams} tasks, of 1 team ({arms[0]}) or of {args.teams} "
           f"teams ({arms[1]}); shared executors; minion_fair_share_cycle{CYCLE_ARGS} before each run and "
-          f"once a second through it; {args.runs} runs x {args.seconds:g} s (+{args.warmup:g} s warm-up) "
+          + (f"every {args.negotiate_every:g} s through it" if args.negotiate_every > 0 else "not during it")
+          + f"; {args.runs} runs x {args.seconds:g} s (+{args.warmup:g} s warm-up) "
           "per arm, ABAB, fresh copy per run")
     if args.statements:
         asyncio.run(statements.enable(server))
@@ -354,11 +367,15 @@ def run(server: EmbeddedPostgres, args: argparse.Namespace, clients: list[int]) 
                                       f"CREATE DATABASE {db} TEMPLATE {templates[arm]}"))
                     url = server.url_for(db)
                     turns, turn_teams = asyncio.run(negotiate(url))
+                    wal0, fpi0 = asyncio.run(wal_so_far(url))
                     rs, negotiations = run_clients(url, API.claim_batch, executors[arm][:c], procs, args.warmup,
                                                    args.seconds, batch_args=(None, m, 0.0),
-                                                   side=(_negotiator, ()))
+                                                   side=(_negotiator, (args.negotiate_every,))
+                                                   if args.negotiate_every > 0 else None)
+                    negotiations = negotiations or []
                     if isinstance(negotiations, str):
                         raise RuntimeError(f"the negotiation beside the run failed: {negotiations}")
+                    wal1, fpi1 = asyncio.run(wal_so_far(url))
                     leases, pending = asyncio.run(verify(url, arm, rs))
                     teams = asyncio.run(leased_teams(url))
                     if args.statements:
@@ -380,11 +397,12 @@ def run(server: EmbeddedPostgres, args: argparse.Namespace, clients: list[int]) 
                           f"{pct(r.latencies, .5) * 1e3:6.2f} ms  p99 {pct(r.latencies, .99) * 1e3:6.2f} ms  "
                           f"{turns} turns for {turn_teams} teams before; leases went to {teams} team(s); "
                           f"negotiations beside: {len(negotiations)}, median "
-                          f"{statistics.median(negotiations) * 1e3:.1f} ms; client CPU "
+                          f"{statistics.median(negotiations or [math.nan]) * 1e3:.1f} ms; client CPU "
                           f"{'/'.join(f'{x * 100:.0f}%' for x in r.cpu)}; verified: {leases} leases, each "
-                          f"subtask once{drained}", flush=True)
+                          f"subtask once; WAL (the cluster's, the run's): {(wal1 - wal0) / max(leases, 1):.0f} B and "
+                          f"{(fpi1 - fpi0) / max(leases, 1):.2f} full pages a lease{drained}", flush=True)
             if args.statements:
-                print_run_statements(f"p_max {m}, {c} client(s)", arms, counted, leased, 14)
+                print_run_statements(f"p_max {m}, {c} client(s)", arms, counted, leased, 30)
 
     if args.explain:
         print("\n## inside one claim (after 50 on the same connection, on a fresh negotiated copy)")
