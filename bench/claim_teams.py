@@ -11,7 +11,8 @@ connection, as the watchdog would (`--negotiate-every`; 0: only the one before).
 MINIONS_FAIR_SHARE_ROUND turns, 60 by default: with more teams than that, it names the 60 least
 used, ties by name. For each batch size (`--max`) and client count the arms alternate (ABAB...),
 each run on a fresh copy of its template; the figure is the median of the runs' leases per second,
-and the ratio is 1team / Nteams (how much more a lease costs with N teams pending).
+and the ratio is the cost of a lease with N teams pending against one team's (1team's leases per
+second / Nteams').
 
 It also times one negotiation on a fresh copy of each template (N teams: the cost the watchdog pays
 every second), with the statements inside it as auto_explain measures them, and with `--explain` the
@@ -304,7 +305,8 @@ class TeamsRun(RunResult):
 def summary_table(results: list[TeamsRun], maxes: list[int], clients: list[int], arms: list[str]) -> str:
     one, many = arms
     lines = [
-        f"| p_max | clients | {one} leases/s (median) | {many} leases/s (median) | {one} / {many} | "
+        f"| p_max | clients | {one} leases/s (median) | {many} leases/s (median) | "
+        f"cost {many} / {one} (= {one} / {many} leases/s) | "
         f"{one} p50 / p99 ms | {many} p50 / p99 ms | {one} runs | {many} runs |",
         "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
