@@ -38,6 +38,7 @@ bench: install
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
 	$(PY) -m pip install --quiet -e '.[agent,dev,bench]'
 	$(PY) bench/claim.py
+	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
 	$(PY) bench/embed_agent.py
 	$(PY) bench/complete_agent.py
 	$(PY) bench/churn.py

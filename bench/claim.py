@@ -2,6 +2,9 @@
 minion_subtask_acquirement) against a plain `FOR UPDATE SKIP LOCKED` claim, side by side.
 
     python bench/claim.py [--clients 1,4,8,16] [--subtasks 20000] [--runs 5] [--seconds 5]
+    python bench/claim.py --fair-share [--teams 100] [--max 1,10] [--explain] [--clients ...] ...
+
+(The second: the claim the API runs with one team pending against many; see bench/claim_teams.py.)
 
 It starts its own embedded PostgreSQL 18 (default settings; `--fsync-off` adds fsync=off, for both
 arms alike), migrates a template database, fills it with a queue of pending subtasks and one
@@ -21,8 +24,8 @@ database (both arms), to see the claim without the cluster-wide lock a NOTIFYing
 
 After every run it checks that no subtask was leased twice: every claim the clients received is a
 distinct subtask with a distinct token, the database's leased subtasks are exactly those, each
-was leased once (attempts = 1), and, for (a), the referee table holds exactly one row per leased
-subtask carrying the same token and executor.
+was leased once (attempts = 1), and, for every arm but the reference, the referee table holds
+exactly one row per leased subtask carrying the same token and executor.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ ARMS = {"ours": OURS_SQL, "reference": REFERENCE_SQL}
 @dataclass
 class WorkerResult:
     measured: int = 0                      # claims that started and ended inside the window
+    calls: int = 0                         # of those, the statements (a batched claim returns several)
     latencies: list[float] = field(default_factory=list)
     claims: list[tuple[int, int, str]] = field(default_factory=list)  # every claim: task, subtask, token
     drained: bool = False                  # some client found the queue empty before the window ended
@@ -132,6 +136,30 @@ async def _client(conn: asyncpg.Connection, sql: str, executor: uuid.UUID, start
         out.claims.append((row["task_id"], row["subtask_id"], row["lease_token"]))
         if t0 >= start and t1 <= end:
             out.measured += 1
+            out.calls += 1
+            out.latencies.append(t1 - t0)
+
+
+async def _batch_client(conn: asyncpg.Connection, sql: str, args: tuple[Any, ...], executor: uuid.UUID,
+                        start: float, end: float, out: WorkerResult) -> None:
+    """A claim of several leases a statement (minion_claim_batch's rows: a lease each, or one row whose
+    verdict says why none); a latency is one statement's."""
+    fetch = conn.fetch
+    clock = time.monotonic
+    while True:
+        t0 = clock()
+        if t0 >= end:
+            return
+        rows = await fetch(sql, executor, *args)
+        t1 = clock()
+        leases = [(r["task_id"], r["subtask_id"], r["lease_token"]) for r in rows if r["verdict"] == "leased"]
+        if not leases:
+            out.drained = out.drained or t1 < end
+            return
+        out.claims.extend(leases)
+        if t0 >= start and t1 <= end:
+            out.measured += len(leases)
+            out.calls += 1
             out.latencies.append(t1 - t0)
 
 
@@ -143,7 +171,7 @@ async def _cpu_window(start: float, end: float, out: WorkerResult) -> None:
 
 
 async def _worker_main(url: str, sql: str, executors: list[uuid.UUID], go: float, start: float,
-                       end: float) -> WorkerResult:
+                       end: float, batch_args: tuple[Any, ...] | None) -> WorkerResult:
     out = WorkerResult()
     conns = [await asyncpg.connect(url, timeout=30) for _ in executors]
     try:
@@ -151,7 +179,9 @@ async def _worker_main(url: str, sql: str, executors: list[uuid.UUID], go: float
         await asyncio.sleep(max(0.0, go - time.monotonic()))
         await asyncio.gather(
             _cpu_window(start, end, out),
-            *(_client(c, sql, ex, start, end, out) for c, ex in zip(conns, executors, strict=True)),
+            *(_client(c, sql, ex, start, end, out) if batch_args is None
+              else _batch_client(c, sql, batch_args, ex, start, end, out)
+              for c, ex in zip(conns, executors, strict=True)),
         )
     finally:
         for c in conns:
@@ -161,9 +191,9 @@ async def _worker_main(url: str, sql: str, executors: list[uuid.UUID], go: float
 
 
 def _worker(pipe: Any, url: str, sql: str, executors: list[uuid.UUID], go: float, start: float,
-            end: float) -> None:
+            end: float, batch_args: tuple[Any, ...] | None) -> None:
     try:
-        result = asyncio.run(_worker_main(url, sql, executors, go, start, end))
+        result = asyncio.run(_worker_main(url, sql, executors, go, start, end, batch_args))
     except BaseException as e:  # reported to the parent, which fails the run
         result = WorkerResult(error=f"{type(e).__name__}: {e}")
     pipe.send(result)
@@ -199,9 +229,13 @@ def _sampler(pipe: Any, url: str, start: float, end: float) -> None:
 
 
 def run_clients(url: str, sql: str, executors: list[uuid.UUID], procs: int, warmup: float,
-                seconds: float, waits: dict[str, int] | None = None) -> list[WorkerResult]:
+                seconds: float, waits: dict[str, int] | None = None, batch_args: tuple[Any, ...] | None = None,
+                side: tuple[Any, tuple[Any, ...]] | None = None) -> tuple[list[WorkerResult], Any]:
     """Fork `procs` workers sharing the clients, and collect what they measured (and, given `waits`,
-    add to it what the server's backends were waiting on)."""
+    add to it what the server's backends were waiting on). batch_args: `sql` is a batched claim
+    (minion_claim_batch's rows) taking these parameters after the executor. side: (target, args) of
+    one more process running beside the clients from the warm-up to the window's end, called as
+    target(pipe, url, go, end, *args); what it sends back is returned with the workers' results."""
     ctx = mp.get_context("fork")
     shares = [executors[i::procs] for i in range(procs)]
     shares = [s for s in shares if s]
@@ -212,7 +246,7 @@ def run_clients(url: str, sql: str, executors: list[uuid.UUID], procs: int, warm
     workers = []
     for share in shares:
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(child, url, sql, share, go, start, end), daemon=True)
+        p = ctx.Process(target=_worker, args=(child, url, sql, share, go, start, end, batch_args), daemon=True)
         p.start()
         child.close()
         workers.append((p, parent))
@@ -223,6 +257,13 @@ def run_clients(url: str, sql: str, executors: list[uuid.UUID], procs: int, warm
         p.start()
         child.close()
         sampler = (p, parent)
+    beside = None
+    if side is not None:
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=side[0], args=(child, url, go, end, *side[1]), daemon=True)
+        p.start()
+        child.close()
+        beside = (p, parent)
     results = []
     for p, parent in workers:
         results.append(parent.recv())
@@ -231,10 +272,14 @@ def run_clients(url: str, sql: str, executors: list[uuid.UUID], procs: int, warm
         for k, n in sampler[1].recv().items():
             waits[k] = waits.get(k, 0) + n
         sampler[0].join()
+    side_result = None
+    if beside is not None:
+        side_result = beside[1].recv()
+        beside[0].join()
     for r in results:
         if r.error:
             raise RuntimeError(f"a benchmark worker failed: {r.error}")
-    return results
+    return results, side_result
 
 
 # --- the database ---------------------------------------------------------------------------------------
@@ -311,10 +356,10 @@ async def verify(url: str, arm: str, results: list[WorkerResult]) -> tuple[int, 
                  LEFT JOIN subtasks s ON s.task_id = a.task_id AND s.subtask_id = a.subtask_id
                        AND s.state = 'leased' AND s.lease_token = a.lease_token
                        AND s.lease_executor = a.executor_id""")
-        if arm == "ours":
-            assert acq["rows"] == row["leased"], f"ours: {acq['rows']} acquirements, {row['leased']} leases"
-            assert acq["subtasks"] == acq["rows"], "ours: two acquirements for one subtask"
-            assert acq["matching"] == acq["rows"], "ours: an acquirement does not match its lease"
+        if arm != "reference":
+            assert acq["rows"] == row["leased"], f"{arm}: {acq['rows']} acquirements, {row['leased']} leases"
+            assert acq["subtasks"] == acq["rows"], f"{arm}: two acquirements for one subtask"
+            assert acq["matching"] == acq["rows"], f"{arm}: an acquirement does not match its lease"
         else:
             assert acq["rows"] == 0, "reference: it should not touch the referee table"
         pending = await conn.fetchval("SELECT count(*) FROM subtasks WHERE state = 'pending'")
@@ -409,6 +454,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--waits", action="store_true",
                    help="also sample pg_stat_activity every 20 ms: what the backends wait on, per arm")
     p.add_argument("--keep", action="store_true", help="leave the server running and its data in place")
+    p.add_argument("--fair-share", action="store_true",
+                   help="instead of the arms above: minion_claim_batch with one team pending against --teams "
+                        "teams pending, and the cost of one negotiation (bench/claim_teams.py)")
+    p.add_argument("--teams", type=int, default=100, help="--fair-share: teams (and tasks) of the many-teams arm")
+    p.add_argument("--max", default="1,10", help="--fair-share: the claims' p_max, comma-separated")
+    p.add_argument("--cycle-calls", type=int, default=21, help="--fair-share: negotiations timed per arm")
+    p.add_argument("--explain", action="store_true",
+                   help="--fair-share: also print the costliest statements inside one claim of each arm")
+    p.add_argument("--negotiate-every", type=float, default=1.0,
+                   help="--fair-share: seconds between the negotiations beside a run, as the watchdog's "
+                        "MINIONS_FAIR_SHARE_INTERVAL_S (0: only the one before it)")
+    p.add_argument("--statements", action="store_true",
+                   help="--fair-share: count every statement (pg_stat_statements, track = all; the server "
+                        "restarts) and print, per lease, each arm's costliest beside the other's")
     return p.parse_args(argv)
 
 
@@ -422,6 +481,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         settings = asyncio.run(server_settings(server.url))
+        if args.fair_share:
+            from bench import claim_teams
+
+            print(f"# fair share's cost to a claim: {platform.node()}, nproc={os.cpu_count()}, {cpu_model()}; "
+                  f"PostgreSQL {settings['server_version']} embedded, "
+                  f"{'fsync=off' if args.fsync_off else 'default settings'}")
+            claim_teams.run(server, args, clients)
+            print(f"\n# total {time.monotonic() - t_begin:.0f} s; "
+                  f"command: python bench/claim.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+            return 0
         print(f"# claim under contention: {platform.node()}, nproc={os.cpu_count()}, {cpu_model()}")
         print(f"# PostgreSQL {settings.pop('server_version')} embedded ({bin_path('postgres')}), "
               f"{'fsync=off (both arms)' if args.fsync_off else 'default settings'} + max_connections=300: "
@@ -442,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                     asyncio.run(admin(server.url, f"DROP DATABASE IF EXISTS {db}",
                                       f"CREATE DATABASE {db} TEMPLATE {TEMPLATE}"))
                     url = server.url_for(db)
-                    rs = run_clients(url, sql, executors[:c], procs, args.warmup, args.seconds,
-                                     waits[arm] if args.waits else None)
+                    rs, _ = run_clients(url, sql, executors[:c], procs, args.warmup, args.seconds,
+                                        waits[arm] if args.waits else None)
                     leases, pending = asyncio.run(verify(url, arm, rs))
                     asyncio.run(admin(server.url, f"DROP DATABASE {db}"))
                     r = RunResult(arm, c, sum(x.measured for x in rs) / args.seconds,
