@@ -79,11 +79,14 @@ DECLARE
     upto timestamptz := now() - interval '2 seconds';
     since timestamptz;
     cap text;
+    pair_teams text[];
+    pair_caps text[];
     teams text[];
     weights double precision[];
     current double precision[];
     total double precision;
     best integer;
+    round_teams text[];
     given integer := 0;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(-707102) THEN
@@ -104,26 +107,26 @@ BEGIN
         UPDATE fair_share_state SET folded_to = upto;
     END IF;
 
-    CREATE TEMP TABLE IF NOT EXISTS pending_pairs (team text, capability text) ON COMMIT DROP;
-    TRUNCATE pending_pairs;
-    INSERT INTO pending_pairs SELECT * FROM minion_pending_pairs();
+    SELECT coalesce(array_agg(p.team), '{}'), coalesce(array_agg(p.capability), '{}')
+      INTO pair_teams, pair_caps FROM minion_pending_pairs() p;
     DELETE FROM fair_share_turns;
-    FOR cap IN SELECT p.capability FROM pending_pairs p
+    FOR cap IN SELECT p.capability FROM unnest(pair_teams, pair_caps) AS p(team, capability)
+                 LEFT JOIN team_shares c ON c.team = p.team
                 GROUP BY p.capability
-               HAVING count(*) > 1 OR bool_or(EXISTS (SELECT 1 FROM team_shares c
-                                                      WHERE c.team = p.team AND c.max_leases > 0))
+               HAVING count(*) > 1 OR bool_or(c.max_leases > 0)
                 ORDER BY 1 LOOP
-        SELECT array_agg(p.team ORDER BY minion_decayed(coalesce(u.usage, 0), coalesce(u.usage_at, now()),
-                                                        p_half_life_s) / (minion_team_share(p.team)).weight,
-                                         p.team),
-               array_agg((minion_team_share(p.team)).weight ORDER BY
-                         minion_decayed(coalesce(u.usage, 0), coalesce(u.usage_at, now()), p_half_life_s)
-                         / (minion_team_share(p.team)).weight, p.team)
+        SELECT array_agg(x.team ORDER BY x.key, x.team), array_agg(x.weight ORDER BY x.key, x.team)
           INTO teams, weights
-          FROM pending_pairs p LEFT JOIN team_usage u ON u.team = p.team
-         WHERE p.capability = cap;
+          FROM (SELECT p.team, coalesce(c.weight, 1) AS weight,
+                       minion_decayed(coalesce(u.usage, 0), coalesce(u.usage_at, now()), p_half_life_s)
+                       / coalesce(c.weight, 1) AS key
+                  FROM unnest(pair_teams, pair_caps) AS p(team, capability)
+                  LEFT JOIN team_usage u ON u.team = p.team
+                  LEFT JOIN team_shares c ON c.team = p.team
+                 WHERE p.capability = cap) x;
         total := (SELECT sum(w) FROM unnest(weights) AS w);
         current := array_fill(0::double precision, ARRAY[cardinality(teams)]);
+        round_teams := '{}';
         -- Smooth weighted round robin: each turn every team gains its weight, the richest takes the
         -- turn (the earlier in usage order on a tie) and pays the total.
         FOR turn IN 0 .. p_round - 1 LOOP
@@ -135,14 +138,17 @@ BEGIN
                 END IF;
             END LOOP;
             current[best] := current[best] - total;
-            INSERT INTO fair_share_turns (capability, turn, turns, team) VALUES (cap, turn, p_round, teams[best]);
+            round_teams := round_teams || teams[best];
         END LOOP;
+        INSERT INTO fair_share_turns (capability, turn, turns, team)
+        SELECT cap, r.n - 1, p_round, r.team FROM unnest(round_teams) WITH ORDINALITY AS r(team, n);
         given := given + 1;
     END LOOP;
 
     -- A capped team frees room as its leases end, which nothing announces: wake the claims waiting
     -- for its capabilities while it has room and work.
-    FOR cap IN SELECT DISTINCT p.capability FROM pending_pairs p JOIN team_shares c ON c.team = p.team
+    FOR cap IN SELECT DISTINCT p.capability FROM unnest(pair_teams, pair_caps) AS p(team, capability)
+                 JOIN team_shares c ON c.team = p.team
                 WHERE c.max_leases > 0
                   AND c.max_leases > (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
                                        WHERE t.team = c.team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
@@ -159,7 +165,7 @@ BEGIN
     INSERT INTO task_starvation (task_id, since)
     SELECT t.id, x.since
       FROM tasks t
-      JOIN (SELECT DISTINCT p.team FROM pending_pairs p) pt ON pt.team = t.team
+      JOIN (SELECT DISTINCT p.team FROM unnest(pair_teams) AS p(team)) pt ON pt.team = t.team
       CROSS JOIN LATERAL (
           SELECT greatest(t.created_at, (SELECT a.ended_at FROM subtask_attempts a
                                           WHERE a.task_id = t.id AND a.outcome = 'done'
@@ -512,6 +518,48 @@ BEGIN
       FROM subtasks s JOIN tasks t ON t.id = s.task_id
      WHERE s.lease_token = ANY (won)
      ORDER BY array_position(won, s.lease_token);
+END $$;
+
+-- A replica for p_executor: a checking subtask of its capabilities (its team's, if it has one) with
+-- no replica running, that it may replicate (minion_replica_allowed), of its fingerprint (or of a
+-- task not pinned: one run so far by executors that report none). Returns the replica's
+-- token (a backup row), or NULL. A replica pins nothing.
+CREATE OR REPLACE FUNCTION minion_claim_replica(p_executor uuid, p_token_id bigint, p_caps text[], p_team text)
+RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    cand record;
+    tok uuid;
+BEGIN
+    -- Nothing held for a check (the usual case): one probe of an empty table, whatever plan the
+    -- queue's statistics gave the search below (one made while nothing was in flight reads every
+    -- lease through the in-flight index).
+    IF NOT EXISTS (SELECT 1 FROM subtask_checks) THEN
+        RETURN NULL;
+    END IF;
+    -- The first 64 checking subtasks in claim order are looked at, no more: a backlog of checks (an
+    -- untrusted executor's held results, replicas running) costs a claim a bounded scan, and the
+    -- subtasks further back come forward as those ahead resolve.
+    FOR cand IN
+        SELECT h.task_id, h.subtask_id
+          FROM (SELECT s.task_id, s.subtask_id, s.capability, s.team, s.priority FROM subtasks s
+                 WHERE s.state = 'checking' AND s.capability = ANY (p_caps) AND (p_team IS NULL OR s.team = p_team)
+                 ORDER BY s.priority DESC, s.task_id, s.subtask_id
+                 LIMIT 64) h
+          JOIN tasks t ON t.id = h.task_id
+         WHERE NOT EXISTS (SELECT 1 FROM subtask_backups b WHERE b.task_id = h.task_id AND b.subtask_id = h.subtask_id)
+           AND (h.capability = 'sleep:*' OR t.fingerprint IS NULL
+                OR t.fingerprint = minion_executor_fingerprint(p_executor, h.capability))
+           AND minion_replica_allowed(p_executor, p_token_id, h.task_id, h.subtask_id, h.capability, h.team::text,
+                                      t.fingerprint)
+         ORDER BY h.priority DESC, h.task_id, h.subtask_id
+         LIMIT 4
+    LOOP
+        tok := minion_take_second_run(cand.task_id, cand.subtask_id, 'checking', p_executor);
+        IF tok IS NOT NULL THEN
+            RETURN tok;
+        END IF;
+    END LOOP;
+    RETURN NULL;
 END $$;
 
 -- Tasks noted as starving (minion_fair_share_cycle): waiting with work pending while executors that

@@ -133,6 +133,12 @@ DECLARE
     cand record;
     tok uuid;
 BEGIN
+    -- Nothing held for a check (the usual case): one probe of an empty table, whatever plan the
+    -- queue's statistics gave the search below (one made while nothing was in flight reads every
+    -- lease through the in-flight index).
+    IF NOT EXISTS (SELECT 1 FROM subtask_checks) THEN
+        RETURN NULL;
+    END IF;
     -- The first 64 checking subtasks in claim order are looked at, no more: a backlog of checks (an
     -- untrusted executor's held results, replicas running) costs a claim a bounded scan, and the
     -- subtasks further back come forward as those ahead resolve.
