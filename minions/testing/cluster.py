@@ -189,13 +189,16 @@ class Cluster:
         """kill -9 `n` agents that hold a lease (of `task`, or of any task) and return what each held
         at its death. That is read after the kill, once requests already in flight have landed: an
         agent can finish a subtask between a look and the kill. One that died holding nothing
-        (between two subtasks) does not count, and another is killed in its place."""
+        (between two subtasks) does not count, and another is killed in its place. Near a task's end
+        fewer than `n` may hold anything: once one holder is dead and no other is left, those do."""
         dead: dict[str, list[tuple[int, str]]] = {}
         while len(dead) < n:
             async def candidates() -> list[str]:
                 holders = await self.holders(task)
                 return [a.name for a in self.alive_agents() if a.name in holders]
 
+            if dead and not await candidates():
+                break
             victims = (await eventually(candidates, f"agents holding a lease of {task or 'any task'}", timeout=20,
                                         interval=0.02))[: n - len(dead)]
             for name in victims:

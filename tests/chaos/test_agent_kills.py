@@ -11,12 +11,17 @@ from minions.testing.audit import audit
 from minions.testing.cluster import LEASE_TIMEOUT_S, Cluster, ClusterFactory, pick, sleep_records
 
 
-async def test_kill_a_quarter_of_the_agents_mid_task_and_near_the_end(cluster: Cluster) -> None:
+async def test_kill_a_quarter_of_the_agents_mid_task_and_near_the_end(make_cluster: ClusterFactory,
+                                                                     database_url: str) -> None:
     n_agents = pick(8, 16)
     quarter = n_agents // 4
     # The long form kills a quarter at each mark and starts as many fresh agents after each kill
     # but the last, so the fleet keeps churning.
     marks = pick([0.3, 0.75], [0.15, 0.35, 0.55, 0.75, 0.9])
+    # Near the end few subtasks are left, and each round kills their holders: one subtask can lose
+    # a lease at every mark. Enough attempts for that, so that nothing fails for want of them.
+    cluster = await make_cluster(database_url, max_attempts=len(marks) + 1)
+    await cluster.services.start_all()
     replace = pick(False, True)
     records = sleep_records(pick(120, 800), ms=pick(150, 80))
     await cluster.start_agents(n_agents)
