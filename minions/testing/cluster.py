@@ -190,14 +190,15 @@ class Cluster:
         at its death. That is read after the kill, once requests already in flight have landed: an
         agent can finish a subtask between a look and the kill. One that died holding nothing
         (between two subtasks) does not count, and another is killed in its place. Near a task's end
-        fewer than `n` may hold anything: once one holder is dead and no other is left, those do."""
+        fewer than `n` may hold anything: once one holder is dead and no other is left, those do; a
+        task that ended (or has nothing left to hold) before any could be killed kills nobody."""
         dead: dict[str, list[tuple[int, str]]] = {}
         while len(dead) < n:
             async def candidates() -> list[str]:
                 holders = await self.holders(task)
                 return [a.name for a in self.alive_agents() if a.name in holders]
 
-            if dead and not await candidates():
+            if not await candidates() and (dead or (task and await self._nothing_left(task))):
                 break
             victims = (await eventually(candidates, f"agents holding a lease of {task or 'any task'}", timeout=20,
                                         interval=0.02))[: n - len(dead)]
@@ -207,6 +208,12 @@ class Cluster:
             held = await self.holders(task)
             dead |= {name: held[name] for name in victims if name in held}
         return dead
+
+    async def _nothing_left(self, name: str) -> bool:
+        """The task has ended, or has no subtask pending or in flight: nobody can hold one of it again."""
+        task = await self.task(name)
+        left = task["subtasks"]
+        return bool(task["finished_at"]) or left["pending"] + left["leased"] + left["checking"] == 0
 
     async def attempt_outcome(self, token: str) -> list[str]:
         conn = await self.db()

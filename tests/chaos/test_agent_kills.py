@@ -17,7 +17,7 @@ async def test_kill_a_quarter_of_the_agents_mid_task_and_near_the_end(make_clust
     quarter = n_agents // 4
     # The long form kills a quarter at each mark and starts as many fresh agents after each kill
     # but the last, so the fleet keeps churning.
-    marks = pick([0.3, 0.75], [0.15, 0.35, 0.55, 0.75, 0.9])
+    marks = pick([0.3, 0.75], [0.15, 0.35, 0.55, 0.7, 0.85])
     # Near the end few subtasks are left, and each round kills their holders: one subtask can lose
     # a lease at every mark. Enough attempts for that, so that nothing fails for want of them.
     cluster = await make_cluster(database_url, max_attempts=len(marks) + 1)
