@@ -95,6 +95,7 @@ async def test_the_starving_rule_fires_on_a_task_left_waiting_while_its_executor
         leased = await admin.fetch("SELECT * FROM minion_claim_batch($1, $2, 1)", ex, token_id)
         assert [r["task_id"] for r in leased] == [busy]
         await admin.fetchval("SELECT minion_fair_share_cycle(3600, 60, 300)")
+        waiting_name = await admin.fetchval("SELECT name FROM tasks WHERE id = $1", waiting)
     finally:
         await admin.close()
     conn = await _as_grafana(database_url)
@@ -102,8 +103,8 @@ async def test_the_starving_rule_fires_on_a_task_left_waiting_while_its_executor
         firing = await _firing(conn)
     finally:
         await conn.close()
-    assert [(r["team"], r["value"] >= 600) for r in firing["minions-starving"]] == [("team-b", True)]
-    assert waiting
+    assert [(r["team"], r["task_name"], r["value"] >= 600) for r in firing["minions-starving"]] == [
+        ("team-b", waiting_name, True)]
 
 
 async def test_each_rule_fires_on_its_problem(database_url: str) -> None:

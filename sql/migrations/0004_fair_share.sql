@@ -150,9 +150,7 @@ BEGIN
     FOR cap IN SELECT DISTINCT p.capability FROM unnest(pair_teams, pair_caps) AS p(team, capability)
                  JOIN team_shares c ON c.team = p.team
                 WHERE c.max_leases > 0
-                  AND c.max_leases > (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
-                                       WHERE t.team = c.team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
-                                         AND s.state IN ('leased', 'checking')) LOOP
+                  AND c.max_leases > minion_team_leases_in_flight(c.team) LOOP
         PERFORM pg_notify('subtasks', cap);
     END LOOP;
 
@@ -183,6 +181,13 @@ BEGIN
     RETURN given;
 END $$;
 
+-- The leases team p_team holds now: its open tasks' subtasks in flight (leased or checking).
+CREATE FUNCTION minion_team_leases_in_flight(p_team text) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM tasks t JOIN subtasks s ON s.task_id = t.id
+     WHERE t.team = p_team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
+       AND s.state IN ('leased', 'checking')
+$$;
+
 -- The leases team p_team may still take now under its lease cap (team_shares.max_leases): the cap
 -- less its leases in flight (leased or checking). Takes the team's cap lock until the transaction
 -- ends, so two claims cannot both fill the last room. Only claims of teams with a cap call it.
@@ -195,9 +200,7 @@ BEGIN
         RETURN 2147483647;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('minion_team_leases:' || p_team, 0));
-    RETURN cap - (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
-                   WHERE t.team = p_team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
-                     AND s.state IN ('leased', 'checking'))::integer;
+    RETURN cap - minion_team_leases_in_flight(p_team);
 END $$;
 
 -- The whole queue may now leave teams out (p_excluded): a new signature.

@@ -870,6 +870,13 @@ BEGIN
     VALUES (b.task_id, b.subtask_id, att, b.executor_id, b.lease_token, b.leased_at, p_outcome, p_error);
 END $$;
 
+-- The leases team p_team holds now: its open tasks' subtasks in flight (leased or checking).
+CREATE FUNCTION minion_team_leases_in_flight(p_team text) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM tasks t JOIN subtasks s ON s.task_id = t.id
+     WHERE t.team = p_team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
+       AND s.state IN ('leased', 'checking')
+$$;
+
 -- The leases team p_team may still take now under its lease cap (team_shares.max_leases): the cap
 -- less its leases in flight (leased or checking). Takes the team's cap lock until the transaction
 -- ends, so two claims cannot both fill the last room. Only claims of teams with a cap call it.
@@ -882,9 +889,7 @@ BEGIN
         RETURN 2147483647;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('minion_team_leases:' || p_team, 0));
-    RETURN cap - (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
-                   WHERE t.team = p_team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
-                     AND s.state IN ('leased', 'checking'))::integer;
+    RETURN cap - minion_team_leases_in_flight(p_team);
 END $$;
 
 -- The claim of up to p_max subtasks. Rows: one per lease won (verdict 'leased'); else one row whose

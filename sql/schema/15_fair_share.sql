@@ -114,9 +114,7 @@ BEGIN
     FOR cap IN SELECT DISTINCT p.capability FROM unnest(pair_teams, pair_caps) AS p(team, capability)
                  JOIN team_shares c ON c.team = p.team
                 WHERE c.max_leases > 0
-                  AND c.max_leases > (SELECT count(*) FROM tasks t JOIN subtasks s ON s.task_id = t.id
-                                       WHERE t.team = c.team AND NOT (t.status IN ('completed', 'failed', 'cancelled'))
-                                         AND s.state IN ('leased', 'checking')) LOOP
+                  AND c.max_leases > minion_team_leases_in_flight(c.team) LOOP
         PERFORM pg_notify('subtasks', cap);
     END LOOP;
 
