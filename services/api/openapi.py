@@ -354,6 +354,9 @@ def _response_schemas() -> dict[str, Schema]:
                 "message": {"type": "string"},
                 "fields": {"type": "object", "additionalProperties": {"type": "string"},
                            "description": "For 422: what is wrong with each field."},
+                "type": {"type": "string", "description": "OpenAI's error type, on /v1's `model_not_found`."},
+                "param": {"type": "string", "nullable": True,
+                          "description": "OpenAI's parameter at fault, on /v1's `model_not_found`."},
             }, required=["code", "message"]),
         }),
         "Task": _object({
