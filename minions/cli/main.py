@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("minions.cli.tasks", "cancel a task"),
     "executors": ("minions.cli.tasks", "executors as a table, with the models each serves"),
     "executor": ("minions.cli.tasks", "one executor: executor release ID lifts its quarantine (admin)"),
+    "env": ("minions.cli.env", "print the export lines that point clients at the running `minions up`"),
     "usage": ("minions.cli.usage", "compute used per team, given per executor or owner"),
     "verify": ("minions.cli.verify", "run a finished task's suspect results again and report what changed"),
     "agent": ("minions.agents.macos.cli", "run the executor agent on this machine (or `agent install`)"),

@@ -48,6 +48,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--status", dest="status_filter", choices=TASK_STATUSES,
                    help="only tasks in this status (default: any)")
     p.add_argument("--limit", type=int, default=30, help="at most this many tasks")
+    p.add_argument("--all", dest="interactive", action="store_const", const="all", default="false",
+                   help="also list the OpenAI interactive lane's requests (/v1/embeddings, /v1/chat/completions: "
+                        "a task each, hidden by default)")
     p.set_defaults(handler=client_command(status))
 
     p = sub.add_parser("wait", help="wait for a task with a progress bar, then summarise it")
@@ -205,7 +208,8 @@ async def status(args: argparse.Namespace) -> int:
                 for message in _warnings(task):
                     print(f"warning: {message}")
             return 0
-        page = await client.tasks(team=args.team, status=args.status_filter, limit=args.limit)
+        page = await client.tasks(team=args.team, status=args.status_filter, limit=args.limit,
+                                  interactive=args.interactive)
         if args.json:
             print(jsoncodec.dumps_str(page))
         elif not page["tasks"]:

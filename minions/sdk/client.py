@@ -207,9 +207,12 @@ class MinionsClient:
         return result
 
     async def tasks(self, *, team: str | None = None, project: str | None = None, status: str | None = None,
-                    limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+                    limit: int = 50, cursor: str | None = None, interactive: str | None = None) -> dict[str, Any]:
+        """A page of tasks, newest first. `interactive`: the OpenAI interactive lane's requests, left
+        out by default ("false"), "true" for only them, "all" for both."""
         params = {k: v for k, v in (("team", team), ("project", project), ("status", status),
-                                    ("cursor", cursor), ("limit", str(limit))) if v is not None}
+                                    ("cursor", cursor), ("limit", str(limit)), ("interactive", interactive))
+                  if v is not None}
         result: dict[str, Any] = await self._request("GET", "/api/v1/tasks", params=params)
         return result
 

@@ -354,6 +354,9 @@ def _response_schemas() -> dict[str, Schema]:
                 "message": {"type": "string"},
                 "fields": {"type": "object", "additionalProperties": {"type": "string"},
                            "description": "For 422: what is wrong with each field."},
+                "type": {"type": "string", "description": "OpenAI's error type, on /v1's `model_not_found`."},
+                "param": {"type": "string", "nullable": True,
+                          "description": "OpenAI's parameter at fault, on /v1's `model_not_found`."},
             }, required=["code", "message"]),
         }),
         "Task": _object({
@@ -558,6 +561,9 @@ def _paths() -> dict[str, Schema]:
                                  "Only tasks in this status."),
                     _query_param("limit", _int(1, 500), "Page size (default 50)."),
                     _query_param("cursor", _int(0, 2**63 - 1), "The `next` of the previous page (a task id)."),
+                    _query_param("interactive", {"type": "string", "enum": ["false", "true", "all"]},
+                                 "The OpenAI interactive lane's requests (a task each): left out (`false`, the "
+                                 "default), only them (`true`), or both (`all`)."),
                 ],
                 "responses": _responses(_ok(_ref("TaskList"), "A page of tasks."), _AUTHED,
                                         e403="Not a user token (`wrong_role`).",

@@ -78,7 +78,9 @@ CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
 
 -- name: list_tasks
--- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit
+-- $1 team (NULL: all), $2 project, $3 status, $4 cursor (id below which to list), $5 limit,
+-- $6 the OpenAI interactive lane's requests (tasks at its priority, sql/schema/10_openai.sql):
+-- 'false' leaves them out, 'true' lists only them, 'all' both.
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,
        c.records_done AS records_done_live,  -- the row's counter plus the progress slots
@@ -89,6 +91,7 @@ WHERE ($1::text IS NULL OR t.team = $1)
   AND ($2::text IS NULL OR t.project = $2)
   AND ($3::text IS NULL OR t.status = $3)
   AND ($4::bigint IS NULL OR t.id < $4)
+  AND ($6::text = 'all' OR (t.priority = minion_openai_interactive_priority()) = ($6::text = 'true'))
 ORDER BY t.id DESC
 LIMIT $5;
 

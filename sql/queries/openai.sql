@@ -26,9 +26,10 @@ LIMIT $4;
 -- name: delete_file
 SELECT minion_openai_delete_file($1);
 
--- name: model_served
--- Whether any executor that is not offline advertises kind $1 with model $2 (minion_capability).
-SELECT EXISTS (SELECT 1 FROM executors WHERE capabilities @> ARRAY[minion_capability($1, $2)] AND status <> 'offline');
+-- name: model_known
+-- Whether an executor has ever advertised kind $1 with model $2 (sql/schema/05_executors.sql): a
+-- batch of a known model waits for an executor within its window.
+SELECT minion_model_known($1, $2);
 
 -- name: priority_within_cap
 -- $2 when a submitter ($3: held to the cap) may give it to a task of team $1; else raises priority_above_cap.
@@ -83,12 +84,25 @@ FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;
 
--- name: model_online
--- Whether an executor that is online now (heard from within the cluster's lease timeout) serves kind
--- $1 with model $2 (minion_capability).
-SELECT EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+-- name: model_availability
+-- Whether kind $1 with model $2 is known (an executor ever advertised it), and whether an executor
+-- that is online now (heard from within the cluster's lease timeout) serves it (minion_capability).
+SELECT minion_model_known($1, $2) AS known,
+       EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
                 WHERE e.capabilities @> ARRAY[minion_capability($1, $2)] AND e.status = 'online'
-                  AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()));
+                  AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s())) AS online;
+
+-- name: known_models
+-- The models the pool knows, one row per model ($1: that model only; NULL: all): the kinds it is
+-- known for, when it was first advertised, and whether an executor online now serves it.
+SELECT k.model, array_agg(k.kind ORDER BY k.kind) AS kinds, min(k.advertised_at) AS advertised_at,
+       bool_or(EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+                        WHERE e.capabilities @> ARRAY[k.capability] AND e.status = 'online'
+                          AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()))) AS online
+FROM known_models k
+WHERE $1::text IS NULL OR k.model = $1
+GROUP BY k.model
+ORDER BY k.model;
 
 -- name: submit_interactive
 -- The task's id, and what its subtask is claimed as (the payload of its NOTIFY, sql/schema/03_notify.sql).

@@ -167,6 +167,16 @@ CREATE TABLE executor_fingerprints (
     PRIMARY KEY (executor_id, capability)
 );
 
+-- Every model the pool knows: each capability ('kind:model') an executor has ever advertised, kept
+-- when the executor leaves or stops serving it (minion_note_known_models), so that work for a model
+-- the pool knows waits for its next executor while one nobody ever served is refused at once.
+CREATE TABLE known_models (
+    capability     text PRIMARY KEY,   -- 'kind:model', as in executors.capabilities
+    kind           text NOT NULL,
+    model          text NOT NULL,
+    advertised_at  timestamptz NOT NULL DEFAULT now()   -- first advertised
+);
+
 -- Every registration's, from valid_from until the next registration (valid_to; NULL: in force).
 CREATE TABLE executor_fingerprint_history (
     executor_id  uuid NOT NULL REFERENCES executors (id) ON DELETE CASCADE,

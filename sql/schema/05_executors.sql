@@ -204,3 +204,27 @@ BEGIN
     END IF;
     RETURN jsonb_array_length(fresh);
 END $$;
+
+-- Each capability an executor advertises joins the models the pool knows (known_models), once: a
+-- registration that repeats what is known writes nothing. 'sleep:*' needs no model and is left out.
+-- A model may hold ':' (Ollama's 'llama3:8b'); a kind never does.
+CREATE FUNCTION minion_note_known_models() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO known_models (capability, kind, model)
+    SELECT c, split_part(c, ':', 1), substr(c, strpos(c, ':') + 1)
+      FROM unnest(NEW.capabilities) AS c
+     WHERE c <> 'sleep:*' AND strpos(c, ':') > 0
+       AND NOT EXISTS (SELECT 1 FROM known_models k WHERE k.capability = c)
+     ORDER BY c
+    ON CONFLICT (capability) DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER executors_known_models AFTER INSERT OR UPDATE OF capabilities ON executors
+    FOR EACH ROW EXECUTE FUNCTION minion_note_known_models();
+
+-- Whether an executor has ever advertised kind p_kind with model p_model (a revision, 'name@rev',
+-- is the model itself, as minion_capability has it).
+CREATE FUNCTION minion_model_known(p_kind text, p_model text) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM known_models WHERE capability = minion_capability(p_kind, p_model))
+$$;

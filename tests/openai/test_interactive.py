@@ -1,5 +1,6 @@
 """The interactive lane: client.embeddings.create answered synchronously by a real agent, with the
-native API's vectors; 503 with Retry-After at once when no executor serves the model."""
+native API's vectors; 404 model_not_found at once for a model no executor ever advertised (503 with
+Retry-After for a known one none online serves: tests/openai/test_known_models.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ async def test_embeddings_create_is_answered_by_an_agent(database_url: str, tmp_
     texts = ["an idle laptop embeds text", "while its owner sleeps", "a third, longer sentence for padding"]
     async with openai_cluster(database_url, tmp_path) as c:
         client = c.client()
-        # No executor yet: refused at once, never left hanging.
+        # No executor ever advertised it: refused at once, never left hanging.
         started = time.monotonic()
-        with pytest.raises(openai.APIStatusError) as refused:
+        with pytest.raises(openai.NotFoundError) as refused:
             await c.call(client.embeddings.create, model=MINILM, input=texts)
-        assert refused.value.status_code == 503 and refused.value.response.headers["Retry-After"]
+        assert refused.value.code == "model_not_found"
         assert time.monotonic() - started < 30  # not a wait for an executor (generous for a busy machine)
 
         c.fleet.start("emb", "--threads", "1", kinds=("embedding",))

@@ -129,9 +129,12 @@ async def create_batch(request: web.Request) -> web.Response:
     kind = ENDPOINT_KIND[endpoint]
     if check.requests == 0:
         check.error(1, "empty_file", "the input file holds no requests")
-    elif check.model is not None and not await pool.fetchval(Q.model_served, kind, check.model):
+    elif check.model is not None and not await pool.fetchval(Q.model_known, kind, check.model):
+        # Only a model no executor ever advertised fails here: one the pool knows waits for an
+        # executor within the batch's window (volunteer machines sleep, an agent may be loading).
         check.error(check.model_line, "model_not_found",
-                    f"no executor serves {kind} with model {check.model!r}", "body.model")
+                    f"no executor serves {kind} with model {check.model!r} (none ever advertised it; "
+                    "GET /v1/models lists those known)", "body.model")
     args = (batch_id, team, endpoint, source["id"], body["completion_window"], window_s, body.get("metadata"))
     if check.errors:
         await store.delete(input_uri)

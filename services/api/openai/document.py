@@ -174,6 +174,18 @@ def _response_schemas() -> dict[str, Schema]:
             "first_id": _nullable({"type": "string"}), "last_id": _nullable({"type": "string"}),
             "has_more": {"type": "boolean"},
         }),
+        "OpenAIModel": _object({
+            "id": {"type": "string", "description": "The model's name, as tasks and requests give it."},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {**stamp, "description": "When an executor first advertised it (Unix seconds)."},
+            "owned_by": {"type": "string", "enum": ["minions"]},
+            "kinds": {"type": "array", "items": {"type": "string"},
+                      "description": "The kinds it was advertised for (`embedding`, `completion`)."},
+            "online": {"type": "boolean", "description": "Whether an executor online now serves it."},
+        }),
+        "OpenAIModelList": _object({
+            "object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": _ref("OpenAIModel")},
+        }),
         "OpenAIEmbeddings": _object({
             "object": {"type": "string", "enum": ["list"]},
             "data": {"type": "array", "items": _object({
@@ -213,6 +225,10 @@ def schemas() -> dict[str, Schema]:
 # ---------------------------------------------------------------- operations
 
 
+MODEL_NOT_FOUND = ("No executor ever advertised the model (`model_not_found`, with OpenAI's `type` "
+                   "`invalid_request_error` and `param` `model` beside `code` and `message`).")
+
+
 def _interactive(endpoint: str, operation_id: str, request: str, response: str, summary: str) -> Schema:
     return {"post": {
         "operationId": operation_id,
@@ -225,14 +241,16 @@ def _interactive(endpoint: str, operation_id: str, request: str, response: str, 
         "requestBody": {"required": True, "content": {JSON: {"schema": _ref(request)}}},
         "responses": _responses(
             _ok(_ref(response), "OpenAI's response."), _AUTHED, _BODY,
+            e404=MODEL_NOT_FOUND,
             e413="Over `MINIONS_OPENAI_MAX_REQUEST_BYTES` (`too_large`, the limit in the message).",
             e422="A field the server refuses (each named in `fields`), an unsupported parameter, or more "
                  "inputs or JSON values than allowed.",
             e502="The executor failed the request after every attempt (`executor_failed`), or its stored "
                  "result breaks its kind's shape (`malformed_result`).",
             e504="No executor answered within 300 s (`timeout`); the request is cancelled.",
-        ) | {"503": {**_error("No online executor serves the model (`no_executor`), or the database is "
-                              "unreachable (`database_unavailable`); retry after `Retry-After` seconds."),
+        ) | {"503": {**_error("No executor serving the model (a known one: GET /v1/models) is online now "
+                              "(`no_executor`), or the database is unreachable (`database_unavailable`); retry "
+                              "after `Retry-After` seconds."),
                      "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": 0}, "required": True}}}},
     }}
 
@@ -283,6 +301,19 @@ def paths() -> dict[str, Schema]:
             "summary": "Cancel a batch: `cancelling`, then `cancelled` with its finished part delivered",
             "responses": _responses(_ok(_ref("OpenAIBatch"), "The batch."), _AUTHED, e404="No such batch.",
                                     e409="The batch has ended (`batch_finished`)."),
+        }},
+        "/v1/models": {"get": {
+            "operationId": "listOpenAIModels",
+            "tags": [TAG],
+            "summary": "The models the pool knows: every model an executor has advertised, online now or not",
+            "responses": _responses(_ok(_ref("OpenAIModelList"), "The models, by name."), _AUTHED),
+        }},
+        "/v1/models/{model}": {"parameters": [_path("model", "A model's name; its '/' sent as is or as %2F.")],
+                               "get": {
+            "operationId": "getOpenAIModel",
+            "tags": [TAG],
+            "summary": "A model the pool knows",
+            "responses": _responses(_ok(_ref("OpenAIModel"), "The model."), _AUTHED, e404=MODEL_NOT_FOUND),
         }},
         "/v1/embeddings": _interactive("/v1/embeddings", "createOpenAIEmbeddings", "OpenAIEmbeddingsRequest",
                                        "OpenAIEmbeddings", "Embeddings, answered synchronously"),

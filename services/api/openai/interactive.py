@@ -2,8 +2,9 @@
 synchronously by the same pull executors. A request becomes a one-subtask task above every native
 priority (split in the same transaction, sql/schema/10_openai.sql); the handler waits for the
 task's end on the `task_ended` channel (the API's one LISTEN connection: no polling) and answers
-with the executor's result in OpenAI's shape. With no online executor serving the model it answers
-503 with Retry-After at once."""
+with the executor's result in OpenAI's shape. A model no executor ever advertised is 404
+`model_not_found`, as OpenAI answers; a known one with no executor online now is 503 with Retry-After,
+at once (model_errors.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from minions.services.api.auth import require
 from minions.services.api.errors import ApiError, invalid
 from minions.services.api.openai.bounds import MAX_INPUTS, read_request
 from minions.services.api.openai.lines import lines_of
+from minions.services.api.openai.model_errors import model_not_found, no_executor
 from minions.services.api.openai.translate import (
     ENDPOINT_KIND,
     LineError,
@@ -39,7 +41,6 @@ routes = web.RouteTableDef()
 DEFAULT_TEAM = "openai"
 PROJECT = "interactive"
 WAIT_S = 300.0  # longest a request waits for its executor before it is cancelled (504)
-RETRY_AFTER_S = "5"
 
 
 class TaskEnds:
@@ -76,10 +77,6 @@ class TaskEnds:
 TASK_ENDS = web.AppKey("openai_task_ends", TaskEnds)
 
 
-def _unavailable(message: str) -> ApiError:
-    return ApiError(503, "no_executor", message, headers={"Retry-After": RETRY_AFTER_S})
-
-
 async def _answer(request: web.Request, endpoint: str) -> web.Response:
     principal = require(request, "user")
     # Bounded in bytes, values and inputs before it is decoded (bounds.py).
@@ -93,10 +90,13 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]
-    if not await pool.fetchval(Q.model_online, kind, parsed.model):
-        raise _unavailable(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
+    availability = await pool.fetchrow(Q.model_availability, kind, parsed.model)
+    if not availability["known"]:
+        raise model_not_found(parsed.model, kind)
+    if not availability["online"]:
+        raise no_executor(f"no online executor serves {kind} with model {parsed.model!r}; retry later")
     if not ends.listening:
-        raise _unavailable("this API process is reconnecting to the database; retry shortly")
+        raise no_executor("this API process is reconnecting to the database; retry shortly")
 
     name = new_id("req_")
     data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)

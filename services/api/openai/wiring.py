@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from minions.services.api.openai import batches, files, interactive
+from minions.services.api.openai import batches, files, interactive, models
 
 
 def install(app: web.Application) -> None:
@@ -13,6 +13,7 @@ def install(app: web.Application) -> None:
     app.router.add_routes(files.routes)
     app.router.add_routes(batches.routes)
     app.router.add_routes(interactive.routes)
+    app.router.add_routes(models.routes)
 
 
 def listener(app: web.Application) -> interactive.TaskEnds:

@@ -47,6 +47,7 @@ Q = Queries("api")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+INTERACTIVE_FILTERS = ("false", "true", "all")  # ?interactive= of the task list: the lane's requests out, only, or both
 RESULT_PAGE = 200
 RESULT_READ_AHEAD = 16  # committed results read at once while streaming (each ≤ VERIFY_IN_MEMORY held)
 PART_URL_S = 3600.0  # how long the presigned URLs of ?format=parts work
@@ -208,6 +209,11 @@ async def list_tasks(request: web.Request) -> web.Response:
             errors[key] = "not a valid name"
     if status is not None and status not in TASK_STATUSES:
         errors["status"] = f"must be one of {', '.join(TASK_STATUSES)}"
+    # The OpenAI interactive lane makes a task per request: hidden unless asked for, so that they do
+    # not crowd out the batch work a list is for.
+    interactive = request.query.get("interactive") or "false"
+    if interactive not in INTERACTIVE_FILTERS:
+        errors["interactive"] = f"must be one of {', '.join(INTERACTIVE_FILTERS)}"
     cursor_raw = request.query.get("cursor") or None
     cursor = None
     if cursor_raw is not None:
@@ -218,7 +224,7 @@ async def list_tasks(request: web.Request) -> web.Response:
     if errors:
         raise invalid(errors)
     limit = query_int(request, "limit", 50, 1, 500)
-    rows = await request.app[POOL].fetch(Q.list_tasks, team, project, status, cursor, limit)
+    rows = await request.app[POOL].fetch(Q.list_tasks, team, project, status, cursor, limit, interactive)
     store = request.app[STORE]
     next_cursor = str(rows[-1]["id"]) if len(rows) == limit else None
     return json_response({"tasks": [task_object(r, store) for r in rows], "next": next_cursor})

@@ -1,4 +1,5 @@
-// #/tasks: every task with live progress, filtered by status, team and project.
+// #/tasks: every task with live progress, filtered by status, team and project. The OpenAI
+// interactive lane's requests (a task each) are hidden unless the toggle asks for them.
 
 import { api, isFinished, isUnsplit, meta, progressParts } from "./api.js";
 import {
@@ -15,6 +16,7 @@ export function tasksView(ctx) {
     status: ctx.params.get("status") || "",
     team: ctx.params.get("team") || "",
     project: ctx.params.get("project") || "",
+    interactive: ctx.params.get("interactive") === "all" ? "all" : "",
   };
   let limit = PAGE;
   const teamsSeen = new Set();
@@ -33,6 +35,10 @@ export function tasksView(ctx) {
 
   const teamInput = filterInput("team", "Team", filters.team, "teams-list");
   const projectInput = filterInput("project", "Project", filters.project);
+  const interactiveToggle = h("label.toggle", { title: "Requests to /v1/embeddings and /v1/chat/completions" },
+    h("input", { type: "checkbox", name: "interactive", checked: filters.interactive === "all",
+      onchange: (e) => setFilter("interactive", e.target.checked ? "all" : "") }),
+    h("span", "Interactive requests"));
 
   function filterInput(key, label, value, list) {
     let debounce = null;
@@ -62,7 +68,7 @@ export function tasksView(ctx) {
       h("div", h("h1", "Tasks"), h("p.page-sub", "Batch inference jobs and their progress, updated live.")),
       h("a.btn.btn-primary", { href: "#/submit" }, h("span.btn-icon", "+"), "New task")),
     statsEl,
-    h("div.toolbar", segmented, h("div.toolbar-filters", teamInput, projectInput), teamList),
+    h("div.toolbar", segmented, h("div.toolbar-filters", teamInput, projectInput, interactiveToggle), teamList),
     errorEl,
     tableHost,
     moreHost);
@@ -71,6 +77,7 @@ export function tasksView(ctx) {
     const base = new URLSearchParams();
     if (filters.team) base.set("team", filters.team);
     if (filters.project) base.set("project", filters.project);
+    if (filters.interactive) base.set("interactive", filters.interactive);
     const listQuery = new URLSearchParams(base);
     listQuery.set("limit", String(limit));
     if (filters.status) listQuery.set("status", filters.status);
