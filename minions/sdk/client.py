@@ -49,6 +49,16 @@ class MinionsError(Exception):
         self.fields = fields or {}
 
 
+class ApiUnreachable(ConnectionError):
+    """No connection to the API could be made (after the client's retries): nothing listens at the
+    URL, or the host is unknown. Said in the user's terms, not aiohttp's."""
+
+    def __init__(self, api_url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the API at {api_url} ({reason}) — is `minions up` running?")
+        self.api_url = api_url
+        self.reason = reason
+
+
 class MinionsClient:
     def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8) -> None:
         self.api_url = api_url.rstrip("/")
@@ -95,9 +105,9 @@ class MinionsClient:
             try:
                 resp = await self.session.request(method, self.api_url + path, data=data, params=params,
                                                   headers=headers)
-            except aiohttp.ClientConnectorError:
+            except aiohttp.ClientConnectorError as exc:
                 if attempt >= self.retries:
-                    raise
+                    raise ApiUnreachable(self.api_url, _connect_reason(exc)) from exc
                 delay = self._backoff.delay(attempt)
             else:
                 if resp.status not in (429, 503) or attempt >= self.retries or once:
@@ -358,3 +368,12 @@ def _parsed(line: bytes) -> Any:
         return jsoncodec.loads(line)
     except jsoncodec.JSONDecodeError as exc:
         raise UnknownResult(f"a results line is not JSON ({exc}): {line[:200]!r}") from None
+
+
+def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """What went wrong in a few words ("Connection refused"), without aiohttp's restatement of
+    the host, port and SSL settings."""
+    error = exc.os_error
+    if error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno)  # asyncio's own text repeats the address
+    return error.strerror or type(error).__name__
