@@ -153,7 +153,9 @@ export function taskView(ctx, team, project, name) {
     // results are in doubt (their executor was quarantined after the task ended).
     const warnings = (task.warnings || []).map((w) =>
       h("div.banner.banner-warning", { dataset: { warning: w.code } },
-        h("strong", WARNING_LABEL[w.code] || "Warning. "), w.message));
+        h("strong", WARNING_LABEL[w.code] || "Warning. "), w.message,
+        // Waiting for an executor: the Executors page shows which are online and what they serve.
+        w.code === "unservable" ? [" ", h("a", { href: "#/executors" }, "See the executors →")] : null));
     if (task.error) {
       clear(errorHost, h("div.banner.banner-error", h("strong", task.status === "failed" ? "Task failed. " : "Error. "), task.error), ...warnings);
     } else {
