@@ -54,7 +54,8 @@ async def _seed(database_url: str) -> None:
                             model=LONG_MODEL, subtasks=40)
         await make_executor(conn, token_id, name="a-volunteer-macbook-pro-with-a-very-long-host-name-in-berlin",
                             kinds=("embedding", "completion", "sleep"),
-                            models=(LONG_MODEL.replace("mpnet", "MiniLM"), "llama3.2:1b-instruct-q4_K_M", "qwen2.5:7b-instruct"))
+                            models=(LONG_MODEL.replace("mpnet", "MiniLM"), "llama3.2:1b-instruct-q4_K_M",
+                                    "qwen2.5:7b-instruct"))
     finally:
         await conn.close()
 
