@@ -7,11 +7,11 @@ teams and errors)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import IO, Any
 
 from minions.private_files import open_private
 
@@ -27,10 +27,10 @@ class ChildLog(RotatingFileHandler):
         super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
         self.setFormatter(logging.Formatter("%(message)s"))
 
-    def _open(self) -> IO[Any]:
+    def _open(self) -> io.TextIOWrapper:
         # Owner-only from the first byte (open_private), not the umask's default.
         fd = open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND)
-        return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
+        return open(fd, "a", encoding="utf-8", errors="replace")  # the handler closes it
 
     def write_line(self, line: str) -> None:
         self.emit(logging.makeLogRecord({"msg": line, "args": None}))
