@@ -93,4 +93,15 @@ async def test_tables_fit_1400_px_and_waiting_links_the_executors(database_url: 
         await waiting.get_by_role("link", name="See the executors →").click()
         await page.wait_for_url("**/#/executors")
         await expect(page.get_by_role("heading", name="Executors", exact=True)).to_be_visible()
+
+        # One executor claimed three subtasks ahead: one runs, two wait behind it.
+        assert (await api.call("POST", "/api/v1/tasks", json={
+            "team": "search", "project": "ranker", "name": "ahead", "kind": "completion", "model": "tiny-llm",
+            "subtask_size": 1, "input": {"records": [{"id": i, "prompt": "hi"} for i in range(5)]}})).status == 201
+        executor = await api.register("one-mac", kinds=["completion"], models=["tiny-llm"])  # nothing else to take
+        for _ in range(3):
+            claim = await api.call("POST", f"/api/v1/executors/{executor}/claim?wait=0", token="executor")
+            assert claim.status == 200, claim.body
+        await page.goto(f"{api.url}/#/tasks/search/ranker/ahead")
+        await expect(page.get_by_text("1 running, 2 claimed ahead, 2 pending")).to_be_visible()
         await browser.close()
