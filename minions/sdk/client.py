@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
@@ -60,9 +60,13 @@ class ApiUnreachable(ConnectionError):
 
 
 class MinionsClient:
-    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8) -> None:
+    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8,
+                 on_unreachable: Callable[[ApiUnreachable, float], None] | None = None) -> None:
         self.api_url = api_url.rstrip("/")
         self.retries = retries
+        # Told (the error, the wait before the next try) of each connection that could not be made
+        # and will be tried again: a program can say why it waits (the CLI does, once).
+        self.on_unreachable = on_unreachable
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -106,9 +110,12 @@ class MinionsClient:
                 resp = await self.session.request(method, self.api_url + path, data=data, params=params,
                                                   headers=headers)
             except aiohttp.ClientConnectorError as exc:
+                unreachable = ApiUnreachable(self.api_url, _connect_reason(exc))
                 if attempt >= self.retries:
-                    raise ApiUnreachable(self.api_url, _connect_reason(exc)) from exc
+                    raise unreachable from exc
                 delay = self._backoff.delay(attempt)
+                if self.on_unreachable is not None:
+                    self.on_unreachable(unreachable, delay)
             else:
                 if resp.status not in (429, 503) or attempt >= self.retries or once:
                     return resp

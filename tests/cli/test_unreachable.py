@@ -42,3 +42,21 @@ def test_a_cli_command_prints_one_line_and_exits_1(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert err == f"minions: cannot reach the API at {url} (Connection refused) — is `minions up` running?\n"
     assert "ClientConnectorError" not in err and "Traceback" not in err
+
+
+async def test_the_cli_says_at_once_why_it_waits(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's client retries a connection never made (an API restarting), but says on the first
+    failure why nothing happens yet, once, instead of staying silent for half a minute."""
+    from minions.cli import connection
+
+    url = _closed_port_url()
+    args = argparse.Namespace(data_dir=None, api_url=url, token="mn_unused")
+    client = connection.client_from_args(args)
+    client.retries = 2
+    client._backoff.first_s = 0.01
+    async with client:
+        with pytest.raises(ApiUnreachable):
+            await client.tasks()
+    err = capsys.readouterr().err
+    assert err == (f"minions: cannot reach the API at {url} (Connection refused) — is `minions up` running? "
+                   "Trying again for about half a minute.\n")
