@@ -322,9 +322,12 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> No
     by_name = {f.name: f for f in dataclasses.fields(Settings)}
     for name in names:
         f = by_name[name]
+        # The flag's own default is None ("not given": the environment decides); the help says
+        # what the setting is when neither is given.
+        default = "" if f.default in (None, "") else f", default: {f.default}"
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=f"setting_{name}", default=None, metavar=name.upper(),
-            help=f"{f.metadata['help']} (env {f.metadata['env']})",
+            help=f"{f.metadata['help']} (env {f.metadata['env']}{default})",
         )
 
 

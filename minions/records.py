@@ -8,16 +8,23 @@ everywhere or nowhere.
     completion  {"id", "prompt": str}  or  {"id", "messages": [{"role", "content": str}, ...]}
     sleep       {"id", "ms": number in 0..3_600_000}
 
-`id` is a non-empty string of at most 256 characters, or an integer. Other fields are allowed and
-ignored, so producers can carry their own metadata through the input file.
+`id` is a non-empty string of at most 256 characters, or an integer (64 bits). Other fields are
+allowed and ignored, so producers can carry their own metadata through the input file.
+
+The shapes are msgspec Structs (msgspec is the protocol's library): a JSONL line is parsed and
+checked in one pass, a syntax error says its column, and msgspec's messages are put in the words
+a reason has here ("text: must be a string").
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+import re
+from typing import Annotated, Final, Literal
 
+import msgspec
 import orjson
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from minions.kinds import KINDS
 
@@ -26,6 +33,41 @@ MAX_ID_LENGTH: Final = 256
 MAX_SLEEP_MS: Final = 3_600_000
 
 _ID_RULE = "must be a non-empty string or an integer"
+
+# The shapes, as msgspec Structs: decoding a line against its kind's Struct checks it in the same
+# pass that parses it (and says where the JSON broke, by byte). Unknown fields are ignored.
+# An integer id must fit a signed 64-bit integer: the ids are encoded again (orjson) for results and digests.
+RecordId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH)] | Annotated[
+    int, Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class EmbeddingRecord(Struct):
+    id: RecordId
+    text: str
+
+
+class ChatMessage(Struct):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class CompletionRecord(Struct):
+    id: RecordId
+    # Exactly one of the two: checked after decoding (`_completion_problem`).
+    prompt: str | UnsetType = UNSET
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | UnsetType = UNSET
+
+
+class SleepRecord(Struct):
+    id: RecordId
+    ms: Annotated[float, Meta(ge=0, le=MAX_SLEEP_MS)]
+
+
+Record = EmbeddingRecord | CompletionRecord | SleepRecord
+RECORD_TYPES: Final[dict[str, type[Record]]] = {
+    "embedding": EmbeddingRecord, "completion": CompletionRecord, "sleep": SleepRecord}
+_DECODERS: Final = {kind: msgspec.json.Decoder(shape) for kind, shape in RECORD_TYPES.items()}
+assert tuple(RECORD_TYPES) == KINDS
 
 
 def find_problem(kind: str, record: object) -> tuple[str, str] | None:
@@ -36,18 +78,11 @@ def find_problem(kind: str, record: object) -> tuple[str, str] | None:
     """
     if kind not in KINDS:
         return "kind", f"unknown kind {kind!r} (one of {', '.join(KINDS)})"
-    if not isinstance(record, dict):
-        return "", "record must be a JSON object"
-    if "id" not in record:
-        return "id", "is required"
-    problem = _id_problem(record["id"])
-    if problem is not None:
-        return "id", problem
-    if kind == "embedding":
-        return _string_field(record, "text")
-    if kind == "completion":
-        return _completion_problem(record)
-    return _sleep_problem(record)
+    try:
+        checked = msgspec.convert(record, RECORD_TYPES[kind])
+    except msgspec.ValidationError as exc:
+        return _field_problem(str(exc))
+    return _completion_problem(checked)
 
 
 def check_record(kind: str, record: object) -> str | None:
@@ -56,8 +91,7 @@ def check_record(kind: str, record: object) -> str | None:
     problem = find_problem(kind, record)
     if problem is None:
         return None
-    field, reason = problem
-    return f"{field}: {reason}" if field else reason
+    return _joined(problem)
 
 
 def parse_line(kind: str, line: bytes) -> tuple[object, str | None]:
@@ -65,15 +99,15 @@ def parse_line(kind: str, line: bytes) -> tuple[object, str | None]:
 
     The caller skips blank lines first; a blank line here is reported as invalid JSON."""
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        # orjson's own position says "line 1" of this one line; only the column means anything.
-        return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
-    problem = check_record(kind, record)
+        record = _DECODERS[kind].decode(line)
+    except msgspec.ValidationError as exc:
+        return None, _joined(_field_problem(str(exc)))
+    except msgspec.DecodeError as exc:
+        return None, f"invalid JSON: {_syntax_problem(line, str(exc))}"
+    problem = _completion_problem(record)
     if problem is not None:
-        return None, problem
-    assert isinstance(record, dict)  # check_record accepted it, so it is an object with an id
-    return record["id"], None
+        return None, _joined(problem)
+    return record.id, None
 
 
 def format_id(record_id: object) -> str:
@@ -113,61 +147,78 @@ class DuplicateIds:
         return len(self._digests)
 
 
-def _id_problem(value: object) -> str | None:
-    # bool is an int in Python but `true` is not an id anyone means.
-    if isinstance(value, bool):
-        return _ID_RULE
-    if isinstance(value, int):
+def _joined(problem: tuple[str, str]) -> str:
+    field, reason = problem
+    return f"{field}: {reason}" if field else reason
+
+
+# msgspec's messages: "<what> - at `$.messages[1].role`" (no " - at" for the record itself).
+_AT = re.compile(r"^(?P<message>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_BYTE = re.compile(r"^JSON is malformed: (?P<what>.*) \(byte (?P<byte>\d+)\)$")
+_ITEM = re.compile(r"^messages\[\d+\]$")
+
+
+def _field_problem(error: str) -> tuple[str, str]:
+    """msgspec's validation error as (field path, reason) in the words the API has always used."""
+    at = _AT.match(error)
+    assert at is not None  # the pattern matches any text
+    message, path = at["message"], at["path"] or ""
+    missing = _MISSING.match(message)
+    if missing:
+        return (f"{path}.{missing['name']}" if path else missing["name"]), "is required"
+    leaf = path.rsplit(".", 1)[-1]
+    if not path:
+        return "", "record must be a JSON object"
+    if leaf == "id":
+        if "length <=" in message:
+            return path, f"must be at most {MAX_ID_LENGTH} characters"
+        if message.startswith("Expected `int` "):
+            return path, "must be an integer of at most 64 bits"
+        return path, _ID_RULE
+    if leaf == "role":
+        return path, f"must be one of {', '.join(CHAT_ROLES)}"
+    if leaf == "messages":
+        if "length >=" in message:
+            return path, "must not be empty"
+        return path, "must be a list of {role, content} objects"
+    if _ITEM.match(leaf):
+        return path, "must be an object with role and content"
+    if leaf == "ms":
+        if message.startswith("Expected `float` "):
+            return path, f"must be between 0 and {MAX_SLEEP_MS}"
+        return path, "must be a number"
+    if leaf in ("text", "prompt", "content"):
+        return path, "must be a string"
+    return path, message  # a shape added without words of its own: msgspec's
+
+
+def _syntax_problem(line: bytes, error: str) -> str:
+    """Where and how the JSON of one line broke, with the column a reader counts (characters from 1)."""
+    at = _BYTE.match(error)
+    if at is not None:
+        offset = int(at["byte"])
+        if at["what"] == "trailing characters":
+            offset -= 1  # msgspec (0.23) counts this one from just after the first extra character
+        return f"{at['what']} at column {_column(line, offset)}"
+    if error == "Input data was truncated":
+        # The line ended inside the record: a missing `}`, `]` or closing quote, after its last character.
+        end = len(line.rstrip())
+        return f"the line ends before the record does (a missing }}, ] or quote?) at column {_column(line, end)}"
+    return error[:1].lower() + error[1:]
+
+
+def _column(line: bytes, offset: int) -> int:
+    return len(line[:offset].decode("utf-8", errors="replace")) + 1
+
+
+def _completion_problem(record: Record) -> tuple[str, str] | None:
+    if not isinstance(record, CompletionRecord):
         return None
-    if isinstance(value, str):
-        if not value:
-            return _ID_RULE
-        if len(value) > MAX_ID_LENGTH:
-            return f"must be at most {MAX_ID_LENGTH} characters"
-        return None
-    return _ID_RULE
-
-
-def _string_field(record: dict[str, object], name: str) -> tuple[str, str] | None:
-    if name not in record:
-        return name, "is required"
-    if not isinstance(record[name], str):
-        return name, "must be a string"
-    return None
-
-
-def _completion_problem(record: dict[str, object]) -> tuple[str, str] | None:
-    has_prompt, has_messages = "prompt" in record, "messages" in record
+    has_prompt, has_messages = record.prompt is not UNSET, record.messages is not UNSET
     if has_prompt and has_messages:
         # Which one the executor should use would be a guess; the producer has to choose.
         return "prompt", "give either prompt or messages, not both"
     if not has_prompt and not has_messages:
         return "prompt", "is required (or messages)"
-    if has_prompt:
-        return _string_field(record, "prompt")
-    messages = record["messages"]
-    if not isinstance(messages, list):
-        return "messages", "must be a list of {role, content} objects"
-    if not messages:
-        return "messages", "must not be empty"
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            return where, "must be an object with role and content"
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            return f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}"
-        if not isinstance(message.get("content"), str):
-            return f"{where}.content", "must be a string"
-    return None
-
-
-def _sleep_problem(record: dict[str, object]) -> tuple[str, str] | None:
-    if "ms" not in record:
-        return "ms", "is required"
-    ms = record["ms"]
-    if isinstance(ms, bool) or not isinstance(ms, int | float):
-        return "ms", "must be a number"
-    if not 0 <= ms <= MAX_SLEEP_MS:
-        return "ms", f"must be between 0 and {MAX_SLEEP_MS}"
     return None

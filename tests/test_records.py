@@ -47,6 +47,7 @@ def test_valid_records(kind: str, record: object) -> None:
     ("embedding", {"id": None, "text": "t"}, "id: must be a non-empty string or an integer"),
     ("embedding", {"id": ["a"], "text": "t"}, "id: must be a non-empty string or an integer"),
     ("embedding", {"id": "x" * (MAX_ID_LENGTH + 1), "text": "t"}, "id: must be at most 256 characters"),
+    ("embedding", {"id": 2**64, "text": "t"}, "id: must be an integer of at most 64 bits"),
     ("embedding", {"id": "a"}, "text: is required"),
     ("embedding", {"id": "a", "text": 3}, "text: must be a string"),
     ("embedding", {"id": "a", "text": None}, "text: must be a string"),
@@ -60,9 +61,8 @@ def test_valid_records(kind: str, record: object) -> None:
     ("completion", {"id": "a", "messages": [{"role": "user", "content": "c"},
                                             {"role": "bot", "content": "c"}]},
      "messages[1].role: must be one of system, user, assistant, tool"),
-    ("completion", {"id": "a", "messages": [{"content": "c"}]},
-     "messages[0].role: must be one of system, user, assistant, tool"),
-    ("completion", {"id": "a", "messages": [{"role": "user"}]}, "messages[0].content: must be a string"),
+    ("completion", {"id": "a", "messages": [{"content": "c"}]}, "messages[0].role: is required"),
+    ("completion", {"id": "a", "messages": [{"role": "user"}]}, "messages[0].content: is required"),
     ("completion", {"id": "a", "messages": [{"role": "user", "content": 1}]},
      "messages[0].content: must be a string"),
     ("sleep", {"id": "a"}, "ms: is required"),
@@ -96,6 +96,23 @@ def test_parse_line() -> None:
     assert record_id is None and error is not None and error.startswith("invalid JSON: ")
     assert error.endswith("at column 22")
     assert parse_line("embedding", b"[1]")[1] == "record must be a JSON object"
+    assert parse_line("completion", b'{"id": 1}')[1] == "prompt: is required (or messages)"
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    # A missing `}` is reported after the record's last character, wherever the line ends.
+    (b'{"id": 1, "text": "hello"\n', "invalid JSON: the line ends before the record does (a missing }, ] "
+                                     "or quote?) at column 26"),
+    (b'{"id": 1, "text": "hello"   \r\n', "at column 26"),
+    (b'{"id": 1, "text": "hello"} x\n', "invalid JSON: trailing characters at column 28"),
+    (b'{"id": 1 "text": "t"}\n', "at column 10"),
+    # Columns count characters, not bytes: the two-byte "\u00e9" is one column.
+    ('{"id": "\u00e9", "text": ]}\n'.encode(), "invalid character at column 21"),
+])
+def test_a_broken_line_names_the_column(line: bytes, expected: str) -> None:
+    record_id, error = parse_line("embedding", line)
+    assert record_id is None and error is not None
+    assert error.endswith(expected) and error.startswith("invalid JSON: "), error
 
 
 def test_duplicate_ids() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from minions.sdk import MinionsError
+from minions.sdk import ApiUnreachable, MinionsError
 
 
 def client_command(
@@ -29,11 +29,12 @@ def client_command(
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             return 0
-        except MinionsError as exc:
+        except (MinionsError, ApiUnreachable) as exc:
             print(f"minions: {exc}", file=sys.stderr)
             return 1
         except (aiohttp.ClientError, OSError) as exc:
-            print(f"minions: cannot reach the API: {exc}", file=sys.stderr)
+            # Connected, then lost (the API stopped mid-answer), or a local file error.
+            print(f"minions: {exc or type(exc).__name__}", file=sys.stderr)
             return 1
 
     return run

@@ -6,9 +6,11 @@ local `minions up` wrote (minions/up_json.py), the lookup the SDK makes too (`cl
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from minions.sdk import MinionsClient
+from minions.sdk import ApiUnreachable, MinionsClient
 from minions.sdk.client import client_settings
 from minions.up_json import read_up_json, state_dir
 
@@ -38,4 +40,18 @@ def client_from_args(args: argparse.Namespace) -> MinionsClient:
     if not settings.token:
         raise SystemExit("minions: no token: pass --token, set MINIONS_TOKEN, or start `minions up` on this "
                          "machine first")
-    return MinionsClient(settings.api_url, settings.token)
+    return MinionsClient(settings.api_url, settings.token, on_unreachable=_say_once_while_retrying())
+
+
+def _say_once_while_retrying() -> Callable[[ApiUnreachable, float], None]:
+    """The first connection that fails says so at once, rather than after the client's retries (half
+    a minute): the user learns why nothing happens, and an API that is restarting is still waited for."""
+    said = False
+
+    def say(error: ApiUnreachable, _delay_s: float) -> None:
+        nonlocal said
+        if not said:
+            print(f"minions: {error} Trying again for about half a minute.", file=sys.stderr, flush=True)
+            said = True
+
+    return say

@@ -1,20 +1,22 @@
 """One `minions up` per data dir, and only on a port it holds.
 
-The data dir is locked with an exclusive `flock` on `<data-dir>/up.lock`, held for the life of the
-process (the kernel drops it when the process dies, even by kill -9, so a crash never leaves a stale
-lock). The file names the holder (pid, API URL), so a second `minions up` can say which instance is
-in the way. Both checks run before anything starts: a refused `minions up` touches nothing.
+The data dir is locked with `filelock` on `<data-dir>/up.lock` (an exclusive `flock` on Unix), held
+for the life of the process: the kernel drops it when the process dies, even by kill -9, so a crash
+never leaves a stale lock. The file names the holder (pid, API URL), so a second `minions up` can
+say which instance is in the way. Both checks run before anything starts: a refused `minions up`
+touches nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import socket
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+import filelock
 
 from minions import jsoncodec
 
@@ -38,31 +40,25 @@ class DataDirLock:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_FILE
-        self._file: IO[bytes] | None = None
+        self._lock = filelock.FileLock(self.path, timeout=0, mode=0o600)
 
     def acquire(self, api_url: str) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        file = os.fdopen(fd, "r+b")
         try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.close()
+            self._lock.acquire()
+        except filelock.Timeout:
             holder = _holder(self.path)
             raise InstanceError(
                 f"another `minions up` is running on the data dir {self.path.parent} (pid "
                 f"{holder.get('pid', '?')}, API {holder.get('api_url', '?')}); stop it first, or pass another "
                 "--data-dir") from None
-        file.truncate(0)
-        file.write(jsoncodec.dumps({"pid": os.getpid(), "api_url": api_url, "started_at": time.time()}))
-        file.flush()
-        self._file = file
+        # Written through a descriptor of its own: the lock lives on filelock's, which stays open.
+        self.path.write_bytes(jsoncodec.dumps({"pid": os.getpid(), "api_url": api_url, "started_at": time.time()}))
 
     def release(self) -> None:
-        if self._file is not None:
+        if self._lock.is_locked:
             with contextlib.suppress(OSError):
-                self._file.truncate(0)
-            self._file.close()  # closing the descriptor drops the lock
-            self._file = None
+                self.path.write_bytes(b"")
+            self._lock.release()
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

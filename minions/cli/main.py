@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compact": ("minions.cli.compact", "compact completed tasks' results into large parts now"),
     "team": ("minions.cli.storage", "team settings: shares of the pool (team shares, set-weight, "
                                     "set-priority-cap, set-max-leases), allowed inputs (allow-input, inputs)"),
+    "logs": ("minions.cli.logs", "show the logs of a local `minions up` (-f follows them)"),
     "psql": ("minions.cli.admin", "psql on the database; arguments after it pass through (-c \"...\")"),
 }
 SERVICES = {

@@ -15,6 +15,7 @@ from minions.cli import connection
 from minions.cli.admin import database_url
 from minions.cli.client_command import client_command
 from minions.cli.team_shares import add_team_parsers
+from minions.cli.times import shown_time
 from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.names import is_name
@@ -183,7 +184,7 @@ def team_inputs(args: argparse.Namespace) -> int:
     prefixes, used = asyncio.run(run())
     print(f"team {team} stores {used:,} bytes of input" + (f" of its {quota:,}-byte quota" if quota else ""))
     for row in prefixes:
-        print(f"may read {row['prefix']} (since {row['created_at']:%Y-%m-%d %H:%M})")
+        print(f"may read {row['prefix']} (since {shown_time(row['created_at'])})")
     if not prefixes:
         print("no s3:// prefixes allowed (its tasks read only its own uploads)")
     return 0

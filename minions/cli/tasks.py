@@ -14,6 +14,7 @@ from typing import Any
 from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
+from minions.cli.times import shown_time
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
 from minions.sdk.parts import PartCorrupted
@@ -183,7 +184,7 @@ def _row(task: dict[str, Any]) -> list[str]:
     state = task["status"] + (" (!)" if _warnings(task) else "")
     return [f"{task['team']}/{task['project']}/{task['name']}", task["kind"], task["model"], state,
             f"{records['done']:,}/{records['total']:,}",
-            f"{task['subtasks']['done']}/{task['subtasks']['total']}", (task["created_at"] or "")[:19]]
+            f"{task['subtasks']['done']}/{task['subtasks']['total']}", shown_time(task["created_at"])]
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -335,7 +336,7 @@ async def executors(args: argparse.Namespace) -> int:
         [e["name"], e["status"], str(e["hardware"].get("device", "?")), ",".join(e["kinds"]),
          ",".join(e.get("models") or ()) or "-", _trust(e.get("trust")),
          ", ".join(f"{c['team']}/{c['project']}/{c['task_name']}#{c['subtask_id']}" for c in e["current"]) or "-",
-         (e["last_heartbeat_at"] or "")[:19]]
+         shown_time(e["last_heartbeat_at"])]
         for e in rows
     ])
     return 0

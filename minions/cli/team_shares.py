@@ -14,6 +14,7 @@ from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
 from minions.cli.tasks import print_table
+from minions.cli.times import shown_time
 from minions.names import is_name
 from minions.team_shares import RULES, share_problem
 
@@ -77,7 +78,7 @@ def add_team_parsers(team_sub: argparse._SubParsersAction[argparse.ArgumentParse
 def _row(share: dict[str, Any]) -> list[str]:
     return [share["team"], f"{share['weight']:g}", str(share["priority_cap"]),
             str(share["max_leases"]) if share["max_leases"] else "no cap",
-            (share["updated_at"] or "default")[:19].replace("T", " ")]
+            shown_time(share["updated_at"], "default")]
 
 
 async def set_share(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from minions import jsoncodec
+from minions.cli.times import shown_time
 from minions.db.connect import connect
 from minions.db.queries import Queries
 from minions.durations import DURATION_EXAMPLES
@@ -62,7 +63,7 @@ async def revoke_tokens(url: str, ids: list[int]) -> dict[int, Any]:
 
 
 def _when(value: Any) -> str:
-    return value.strftime("%Y-%m-%d %H:%M") if value is not None else "-"
+    return shown_time(value)
 
 
 def token_list(args: argparse.Namespace) -> int:

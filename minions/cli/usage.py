@@ -11,6 +11,7 @@ from minions import jsoncodec
 from minions.cli import connection
 from minions.cli.client_command import client_command
 from minions.cli.tasks import print_table
+from minions.cli.times import shown_time
 from minions.usage import DEFAULT_SINCE, SINCE_RULE, USAGE_BY, since_s
 
 # The columns naming a row, by grouping; the counts follow.
@@ -59,7 +60,7 @@ async def usage(args: argparse.Namespace) -> int:
         print(jsoncodec.dumps_str(report))
         return 0
     scope = f"team {report['team']}" if report["team"] else "every team"
-    print(f"usage of {scope} since {report['since'][:19].replace('T', ' ')} UTC, by {report['by']}")
+    print(f"usage of {scope} since {shown_time(report['since'])}, by {report['by']}")
     if not report["usage"]:
         print("no attempts ended in this window")
         return 0

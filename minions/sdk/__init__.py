@@ -1,7 +1,7 @@
 """The Python SDK: `MinionsClient` (async) and `SyncMinionsClient` (scripts, notebooks) of the user
 API, with typed tasks and results."""
 
-from minions.sdk.client import MinionsClient, MinionsError
+from minions.sdk.client import ApiUnreachable, MinionsClient, MinionsError
 from minions.sdk.inputs import InputError
 from minions.sdk.objects import (
     CompletionResult,
@@ -16,6 +16,7 @@ from minions.sdk.objects import (
 from minions.sdk.sync import SyncMinionsClient
 
 __all__ = [
+    "ApiUnreachable",
     "CompletionResult",
     "EmbeddingResult",
     "FailedRecord",

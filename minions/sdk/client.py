@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, overload
@@ -49,10 +49,24 @@ class MinionsError(Exception):
         self.fields = fields or {}
 
 
+class ApiUnreachable(ConnectionError):
+    """No connection to the API could be made (after the client's retries): nothing listens at the
+    URL, or the host is unknown. Said in the user's terms, not aiohttp's."""
+
+    def __init__(self, api_url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the API at {api_url} ({reason}) — is `minions up` running?")
+        self.api_url = api_url
+        self.reason = reason
+
+
 class MinionsClient:
-    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8) -> None:
+    def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8,
+                 on_unreachable: Callable[[ApiUnreachable, float], None] | None = None) -> None:
         self.api_url = api_url.rstrip("/")
         self.retries = retries
+        # Told (the error, the wait before the next try) of each connection that could not be made
+        # and will be tried again: a program can say why it waits (the CLI does, once).
+        self.on_unreachable = on_unreachable
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -95,10 +109,13 @@ class MinionsClient:
             try:
                 resp = await self.session.request(method, self.api_url + path, data=data, params=params,
                                                   headers=headers)
-            except aiohttp.ClientConnectorError:
+            except aiohttp.ClientConnectorError as exc:
+                unreachable = ApiUnreachable(self.api_url, _connect_reason(exc))
                 if attempt >= self.retries:
-                    raise
+                    raise unreachable from exc
                 delay = self._backoff.delay(attempt)
+                if self.on_unreachable is not None:
+                    self.on_unreachable(unreachable, delay)
             else:
                 if resp.status not in (429, 503) or attempt >= self.retries or once:
                     return resp
@@ -361,3 +378,12 @@ def _parsed(line: bytes) -> Any:
         return jsoncodec.loads(line)
     except jsoncodec.JSONDecodeError as exc:
         raise UnknownResult(f"a results line is not JSON ({exc}): {line[:200]!r}") from None
+
+
+def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """What went wrong in a few words ("Connection refused"), without aiohttp's restatement of
+    the host, port and SSL settings."""
+    error = exc.os_error
+    if error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno)  # asyncio's own text repeats the address
+    return error.strerror or type(error).__name__

@@ -373,8 +373,10 @@ def _response_schemas() -> dict[str, Schema]:
             "priority": {"type": "integer"},
             "subtask_size": {"type": "integer", "minimum": 1},
             "status": {"type": "string", "enum": list(TASK_STATUSES)},
-            "subtasks": _object({k: _count()
-                                 for k in ("total", *SUBTASK_STATES)}),
+            "subtasks": _object({**{k: _count() for k in ("total", *SUBTASK_STATES)},
+                                 "running": {**_count(), "description": (
+                                     "Of the leased subtasks, those being worked on now (an executor works on "
+                                     "its oldest lease; the others are claimed ahead, waiting behind it).")}}),
             "records": _object({"total": _count(), "done": _count()}),
             "input_uri": _nullable({"type": "string", "description": "The input object; null when the task's "
                                     "inline records are kept in the database (MINIONS_INPUT_IN_DATABASE_BYTES)."}),

@@ -29,6 +29,8 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
             "total": row["subtasks_total"],
             "pending": row["subtasks_pending"],
             "leased": row["subtasks_leased"],
+            # of those, worked on now; the others are claimed ahead by their executors (sql/schema/04_tasks.sql)
+            "running": row.get("subtasks_running", row["subtasks_leased"]),
             # completed once, held until a spot check agrees (sql/schema/11_checks.sql)
             "checking": row["subtasks_checking"],
             "done": row["subtasks_done"],

@@ -33,6 +33,7 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- priority_above_cap and nothing is submitted (sql/schema/14_teams.sql).
 -- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/schema/03_notify.sql).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased, 0::bigint AS subtasks_checking,
+       0::bigint AS subtasks_running,
        0::bigint AS subtasks_done, 0::bigint AS subtasks_failed, 0::bigint AS subtasks_cancelled,
        0::bigint AS records_done_live,
        minion_task_servable(t.team, t.kind, t.model) AS servable,
@@ -49,7 +50,7 @@ SELECT id, request_hash FROM tasks WHERE team = $1 AND project = $2 AND name = $
 
 -- name: task_by_name
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
-       c.subtasks_checking,
+       c.subtasks_checking, minion_task_running(t.id) AS subtasks_running,
        c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
        -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
@@ -64,7 +65,7 @@ WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
 
 -- name: task_by_id
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
-       c.subtasks_checking,
+       c.subtasks_checking, minion_task_running(t.id) AS subtasks_running,
        c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable,
        -- sql/schema/11_checks.sql: results it holds of executors quarantined after it ended
@@ -82,7 +83,7 @@ WHERE t.id = $1;
 -- $6 the OpenAI interactive lane's requests (tasks at its priority, sql/schema/10_openai.sql):
 -- 'false' leaves them out, 'true' lists only them, 'all' both.
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
-       c.subtasks_checking,
+       c.subtasks_checking, minion_task_running(t.id) AS subtasks_running,
        c.records_done AS records_done_live,  -- the row's counter plus the progress slots
        CASE WHEN t.finished_at IS NULL THEN minion_task_servable(t.team, t.kind, t.model) END AS servable
 FROM tasks t

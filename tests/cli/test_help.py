@@ -4,6 +4,7 @@ default), nothing warns, and the top-level command loads no subcommand's module.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -94,3 +95,26 @@ def test_the_agent_is_not_imported_by_client_commands() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=60,
                             check=False)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_every_flag_with_a_default_says_it() -> None:
+    """A flag whose default is a value (not None/False/empty) says it in its help, and so does a
+    flag of a server setting (default None: the environment decides) whose setting has one."""
+    from minions.config import Settings
+
+    setting_defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+    silent = []
+    for path, parser in _walk(cli_main.build_parser("*"), "minions"):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or action.help == argparse.SUPPRESS:
+                continue
+            default = action.default
+            if action.dest.startswith("setting_"):
+                default = setting_defaults[action.dest.removeprefix("setting_")]
+            if default in (None, False, "", [], argparse.SUPPRESS):
+                continue
+            text = formatter._expand_help(action) if action.help else ""
+            if "default" not in text:
+                silent.append(f"{path} {action.option_strings[-1]} (default {default!r}): {text!r}")
+    assert not silent, "flags whose help hides their default:\n" + "\n".join(silent)

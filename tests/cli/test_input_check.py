@@ -25,6 +25,8 @@ def test_a_good_file_gives_its_hash_and_count(tmp_path: Path) -> None:
     (b'{"id": 1, "ms": 1}\n{"id": 1, "ms": 2}\n', "sleep", "line 2: duplicate id 1"),
     (b'{"id": 1, "text": "a"}\n', "completion", "line 1:"),
     (b"\n\n", "sleep", "no records"),
+    (b'{"id": 1, "text": "a"}\n{"id": 2, "text": "hello"\n', "embedding",
+     r"line 2: invalid JSON: .* at column 26$"),
 ])
 def test_bad_records_are_named_by_line(tmp_path: Path, content: bytes, kind: str, expected: str) -> None:
     path = tmp_path / "in.jsonl"

@@ -45,3 +45,35 @@ def test_not_a_terminal_gives_throttled_plain_lines() -> None:
     assert 2 <= len(lines) <= 3, lines  # the first poll, maybe one more, and the end; not 300 redraws
     assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
     assert "3,000/3,000 records" in lines[-1] and "completed" in lines[-1]
+
+
+def test_running_is_told_apart_from_claimed_ahead() -> None:
+    out = io.StringIO()
+    bar = ProgressBar("search/ranker/twelve", stream=out)
+    task = {"records": {"total": 12, "done": 1}, "status": "running",
+            "subtasks": {"total": 12, "done": 1, "leased": 11, "running": 1, "pending": 0, "failed": 0,
+                         "checking": 0, "cancelled": 0}}
+    bar.update(task)
+    assert "subtasks 1/12 done, 1 running, 10 claimed ahead" in out.getvalue()
+
+
+def test_the_final_rate_is_the_tasks_own_not_the_watchers() -> None:
+    out = io.StringIO()
+    bar = ProgressBar("search/ranker/done", stream=out)
+    # Watched only at its end: 6,000 records between its first claim and its end, 60 s apart.
+    bar.update({"records": {"total": 6000, "done": 6000}, "status": "completed",
+                "created_at": "2026-01-01T10:00:00+00:00", "started_at": "2026-01-01T10:00:30+00:00",
+                "finished_at": "2026-01-01T10:01:30+00:00",
+                "subtasks": {"total": 6, "done": 6, "leased": 0, "running": 0, "failed": 0}})
+    bar.finish()
+    assert "6,000/6,000 records 100.0% 100.0/s" in out.getvalue()
+
+
+def test_the_rate_while_running_is_richs_recent_speed() -> None:
+    clock = [1000.0]
+    bar = ProgressBar("search/ranker/emb", stream=io.StringIO(), clock=lambda: clock[0])
+    for second, done in enumerate((500, 520, 540, 560)):  # 500 done before it watched, then 20/s
+        clock[0] = 1000.0 + second
+        bar.update(_task(done, total=1000))
+    assert bar.rate(_task(560, total=1000)) == pytest.approx(20.0)
+    assert "ETA 0:22" in bar.render(_task(560, total=1000))

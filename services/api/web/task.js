@@ -153,7 +153,9 @@ export function taskView(ctx, team, project, name) {
     // results are in doubt (their executor was quarantined after the task ended).
     const warnings = (task.warnings || []).map((w) =>
       h("div.banner.banner-warning", { dataset: { warning: w.code } },
-        h("strong", WARNING_LABEL[w.code] || "Warning. "), w.message));
+        h("strong", WARNING_LABEL[w.code] || "Warning. "), w.message,
+        // Waiting for an executor: the Executors page shows which are online and what they serve.
+        w.code === "unservable" ? [" ", h("a", { href: "#/executors" }, "See the executors →")] : null));
     if (task.error) {
       clear(errorHost, h("div.banner.banner-error", h("strong", task.status === "failed" ? "Task failed. " : "Error. "), task.error), ...warnings);
     } else {
@@ -189,7 +191,7 @@ export function taskView(ctx, team, project, name) {
         isFinished(task.status)
           ? stat("Finished", fmtClock(task.finished_at), fmtAgo(task.finished_at))
           : stat("ETA", eta !== null ? fmtDuration(eta) : "—", eta !== null ? `${fmtInt(remaining)} records left` : "measuring…"),
-        stat("Subtasks", `${fmtInt(s.done)} / ${fmtInt(s.total)}`, s.failed ? `${fmtInt(s.failed)} failed` : `${fmtInt(s.leased)} running, ${fmtInt(s.pending)} pending`),
+        stat("Subtasks", `${fmtInt(s.done)} / ${fmtInt(s.total)}`, s.failed ? `${fmtInt(s.failed)} failed` : subtaskFlow(s)),
         stat("Attempts", fmtInt(attempts), retries ? `${fmtInt(retries)} retried or lost` : "no retries")));
   }
 
@@ -456,4 +458,12 @@ async function firstLines(resp, n) {
     reader.cancel().catch(() => {});
   }
   return lines.slice(0, n);
+}
+
+// What moves now: the subtasks being worked on, apart from those an executor claimed ahead of its
+// work (subtasks.running, API.md), then what waits.
+function subtaskFlow(s) {
+  const running = s.running ?? s.leased;
+  const ahead = s.leased > running ? `, ${fmtInt(s.leased - running)} claimed ahead` : "";
+  return `${fmtInt(running)} running${ahead}, ${fmtInt(s.pending)} pending`;
 }
