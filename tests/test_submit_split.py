@@ -29,7 +29,7 @@ async def test_a_small_task_is_claimable_on_submit_a_big_one_waits_for_the_split
     async with running_api(database_url, tmp_path / "small", inline_split_max_bytes=1024) as api:
         small = await api.call("POST", "/api/v1/tasks", json=_task("small"))
         assert small.status == 201 and small.body["status"] == "queued"
-        assert small.body["subtasks"] == {"total": 3, "pending": 3, "leased": 0, "checking": 0, "done": 0,
+        assert small.body["subtasks"] == {"total": 3, "pending": 3, "leased": 0, "running": 0, "checking": 0, "done": 0,
                                           "failed": 0, "cancelled": 0}
         rows = await conn.fetch(
             """SELECT s.first_record, s.records, s.byte_start, s.byte_end, t.max_attempts, t.split_records

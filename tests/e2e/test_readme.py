@@ -48,7 +48,7 @@ def _start(line: str, cwd: Path, env: dict[str, str], log_path: Path) -> subproc
 async def test_readme_using_it_verbatim(tmp_path: Path) -> None:
     up_line, commands = readme_commands()
     names = [c.split()[1] if c.startswith("minions ") else c.split()[0] for c in commands]
-    for expected in ("submit", "status", "wait", "results", "executors", "psql"):
+    for expected in ("submit", "status", "wait", "results", "executors", "logs", "psql"):
         assert expected in names, f"README's Using it no longer shows `minions {expected}`"
 
     # `minions` on PATH, as after `pip install`, running this checkout.
@@ -89,6 +89,7 @@ async def test_readme_using_it_verbatim(tmp_path: Path) -> None:
         assert [v["id"] for v in vectors] == [1, 2] and all(len(v["embedding"]) == 384 for v in vectors)
         assert "local-1" in outputs["executors"] and "embedding" in outputs["executors"], outputs["executors"]
         assert re.search(r"emb-1\s*\|\s*completed", outputs["psql"]), outputs["psql"]
+        assert '"service":"api"' in outputs["logs"], outputs["logs"]
 
         # Re-running the README's exact submit is the same task, not a conflict.
         submit = next(c for c in commands if c.startswith("minions submit"))
