@@ -126,7 +126,8 @@ async def test_web_ui_end_to_end(services: Services) -> None:
         runners.append(hung_run)
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            context = await browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+            context = await browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True,
+                                                timezone_id="Asia/Tokyo")
             page = await context.new_page()
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: console_errors.append(str(e)))
@@ -211,6 +212,8 @@ async def _watch_task(page: Page) -> None:
     await expect(status).to_have_text("completed", timeout=90_000)
     await expect(page.locator(".cells .cell-done")).to_have_count(12)
     await expect(page.locator(".progress-big")).to_have_text("100%")
+    # Times carry their zone (the browser's, here Tokyo's: GMT+9).
+    await expect(page.locator(".stat", has_text="Finished").locator(".stat-value")).to_contain_text("GMT+9")
     await page.get_by_role("button", name="Preview").click()
     await expect(page.locator(".preview li")).to_have_count(20)
     await expect(page.locator(".preview li").first).to_contain_text('"rec-000"')

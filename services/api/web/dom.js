@@ -103,11 +103,13 @@ export function fmtAgo(iso) {
   return `${Math.floor(s / 86400)} d ago`;
 }
 
+// Times carry their zone: a shared pool spans offices, and a bare "14:02" is read in the reader's zone.
 const dtf = new Intl.DateTimeFormat(undefined, {
-  month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+  month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short",
 });
 export const fmtTime = (iso) => (iso ? dtf.format(toDate(iso)) : "—");
-const clock = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+const clock = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit",
+                                                  timeZoneName: "short" });
 /** A time of day, with the date too when it is not today. */
 export function fmtClock(iso) {
   if (!iso) return "—";
