@@ -68,6 +68,14 @@ class MLXCompletionRunner:
     async def aclose(self) -> None:
         self._thread.shutdown()
 
+    def unload(self) -> None:
+        """Drop the loaded model (backend_choice.py, when torch serves it instead). Blocking."""
+        if self._loaded is not None:
+            self._loaded = None
+            import mlx.core as mx
+
+            mx.clear_cache()
+
     async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
         model = require_model(subtask)
         params = CompletionParams.parse(subtask.params)

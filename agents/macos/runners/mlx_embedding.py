@@ -169,6 +169,14 @@ class MLXEmbeddingRunner:
         self._loaded = loaded
         return loaded
 
+    def unload(self) -> None:
+        """Drop the loaded model (backend_choice.py, when torch serves it instead). Blocking."""
+        if self._loaded is not None:
+            self._loaded = None
+            import mlx.core as mx
+
+            mx.clear_cache()
+
     def _batch_size(self, mx: Any, loaded: _Loaded, stop: threading.Event | None) -> int:
         """Probed on the Apple GPU (batch_sizing.py); fixed on MLX's CPU build, which runs for parity
         only (its reference BLAS is far slower than torch on the same CPU)."""

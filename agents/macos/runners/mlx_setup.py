@@ -28,6 +28,7 @@ from minions.logging import get_logger
 log = get_logger(__name__)
 
 EXTRA_HINT = "pip install 'minions[mlx]'"
+MISSING = f"needs the [mlx] extra (mlx, mlx-lm), which is not installed here: {EXTRA_HINT}"
 _lock = threading.Lock()
 _capped: float | None = None
 
@@ -51,7 +52,7 @@ def available() -> bool:
 
 def require() -> None:
     if not available():
-        raise MLXMissing(f"the mlx backend needs the [mlx] extra (mlx, mlx-lm): {EXTRA_HINT}")
+        raise MLXMissing(f"the mlx backend {MISSING}")
 
 
 def prepare(settings: MLXSettings) -> Any:
