@@ -22,6 +22,7 @@ import platform
 import statistics
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from minions.agents.macos.protocol import Subtask
@@ -212,6 +213,7 @@ class CompletionBackends:
     def __init__(self, torch_settings: TorchSettings, mlx_settings: MLXSettings, models: Sequence[str] = ()) -> None:
         self._thread = InferenceThread("completion")
         self._torch = TransformersCompletionRunner(torch_settings, self._thread)
+        self._device = torch_settings.device
         self._mlx = MLXCompletionRunner(mlx_settings, self._thread)
         self._models = list(models)
         self._choices = _Choices()
@@ -223,7 +225,7 @@ class CompletionBackends:
         return await self._thread.call(lambda stop: self.choose(model_name, stop))
 
     def precision_reports(self) -> list[dict[str, Any]]:
-        return [{"model": model, "device": "mlx" if backend == "mlx" else "torch", "cosine": None,
+        return [{"model": model, "device": self._device if backend == "torch" else "mlx", "cosine": None,
                  "precision": None, "setting": "auto", **self._choices.notes[model]}
                 for model, backend in self._choices.backend.items()]
 
@@ -239,7 +241,10 @@ class CompletionBackends:
         return await runner.run(subtask, records)  # type: ignore[no-any-return]
 
     async def advertised_models(self) -> list[str]:
-        return [m for m in self._models if model_paths.fingerprint(m) is not None]
+        """The configured models on this machine (a folder, or in the Hugging Face cache: a lookup,
+        no hashing on the event loop)."""
+        return [m for m in self._models
+                if Path(model_paths.resolve(m)).expanduser().is_dir() or model_paths.fingerprint(m) is not None]
 
     async def aclose(self) -> None:
         self._thread.shutdown()
