@@ -246,3 +246,32 @@ def test_backends_pick_the_runners(monkeypatch: pytest.MonkeyPatch) -> None:
     assert names() == {"embedding": "EmbeddingBackends", "completion": "OllamaCompletionRunner"}
     assert names(backend="mlx") == {"embedding": "MLXEmbeddingRunner", "completion": "MLXCompletionRunner"}
 
+
+
+def test_backend_is_a_flag_and_a_file_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from minions.agents.macos.config import add_arguments, from_args, load_toml, to_toml
+
+    monkeypatch.setattr(mlx_setup, "available", lambda: True)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    file = tmp_path / "agent.toml"
+    file.write_text('token = "t"\nbackend = "torch"\n')
+    assert from_args(parser.parse_args(["--config", str(file)]), {}).backend == "torch"
+    flagged = from_args(parser.parse_args(["--config", str(file), "--backend", "mlx"]), {})
+    assert flagged.backend == "mlx"
+    file.write_text(to_toml(flagged))
+    assert load_toml(file)["backend"] == "mlx"
+
+
+async def test_auto_chooses_at_start_for_the_configured_completion_models_found_here(
+        tiny_lm_dirs: dict[str, Path]) -> None:
+    from minions.agents.macos.runners.backend_choice import CompletionBackends
+
+    here = str(tiny_lm_dirs["plain"])
+    backends = CompletionBackends(TorchSettings(device="cpu"), MLXSettings(), [here, "nobody/absent-model"])
+    try:
+        assert await backends.advertised_models() == [here]  # prepared (and chosen) before registering
+    finally:
+        await backends.aclose()

@@ -18,6 +18,7 @@ Both engines' runners share one inference thread, so a model is only ever touche
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import statistics
 import threading
@@ -45,6 +46,7 @@ PROBE_PROMPTS: tuple[Record, ...] = (
     {"id": "probe-3", "messages": [{"role": "user", "content": "Why is the sky blue?"}]},
 )
 PROBE_COMPLETION = CompletionParams(temperature=0, max_tokens=16)
+NOTE_CHARS = 240  # the longest reason reported at registration (the log has it whole)
 
 
 def apple_silicon() -> bool:
@@ -78,15 +80,20 @@ class _Choices:
         if loser is not None:
             loser.unload()
         self.backend[model] = backend
-        self.notes[model] = {"backend": backend, "why": why, **({"rejected": rejected} if rejected else {})}
+        self.notes[model] = {"backend": backend, "why": why, **({"rejected": _short(rejected)} if rejected else {})}
         log.info("backend_chosen", model=model, backend=backend, why=why, rejected=rejected)
         return backend
 
     def refuse(self, model: str, why: str, loser: _Engine, rejected: str) -> None:
         """No engine may serve `model` (said at registration too); the next subtask measures again."""
         loser.unload()
-        self.notes[model] = {"backend": None, "why": why, "rejected": rejected}
+        self.notes[model] = {"backend": None, "why": _short(why), "rejected": _short(rejected)}
         log.warning("backend_refused", model=model, why=why, rejected=rejected)
+
+
+def _short(text: str) -> str:
+    """A reason short enough for the registration's hardware (8 KiB of JSON for every model)."""
+    return text if len(text) <= NOTE_CHARS else text[: NOTE_CHARS - 1] + "…"
 
 
 def transformers_reference(name: str) -> Callable[[list[str]], Any]:
@@ -241,10 +248,13 @@ class CompletionBackends:
         return await runner.run(subtask, records)  # type: ignore[no-any-return]
 
     async def advertised_models(self) -> list[str]:
-        """The configured models on this machine (a folder, or in the Hugging Face cache: a lookup,
-        no hashing on the event loop)."""
-        return [m for m in self._models
-                if Path(model_paths.resolve(m)).expanduser().is_dir() or model_paths.fingerprint(m) is not None]
+        """The configured models on this machine: a folder, or in the Hugging Face cache."""
+
+        def local() -> list[str]:
+            return [m for m in self._models
+                    if Path(model_paths.resolve(m)).expanduser().is_dir() or model_paths.fingerprint(m) is not None]
+
+        return await asyncio.to_thread(local)
 
     async def aclose(self) -> None:
         self._thread.shutdown()
