@@ -275,3 +275,12 @@ async def test_auto_chooses_at_start_for_the_configured_completion_models_found_
         assert await backends.advertised_models() == [here]  # prepared (and chosen) before registering
     finally:
         await backends.aclose()
+
+
+def test_a_model_that_is_nowhere_is_retryable_and_a_bad_name_permanent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RunnerError, match="cannot fetch embedding model 'someone/not-cached-model'") as caught:
+        mlx_setup.model_folder("someone/not-cached-model", "embedding")
+    assert caught.value.retryable  # an executor that holds it may serve it
+    with pytest.raises(PermanentError, match="unknown completion model 'not a valid id!!'"):
+        mlx_setup.model_folder("not a valid id!!", "completion")

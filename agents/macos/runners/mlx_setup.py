@@ -29,6 +29,8 @@ log = get_logger(__name__)
 
 EXTRA_HINT = "pip install 'minions[mlx]'"
 MISSING = f"needs the [mlx] extra (mlx, mlx-lm), which is not installed here: {EXTRA_HINT}"
+# What an MLX runner reads of a Hugging Face repository (no PyTorch .bin, ONNX or GGUF copies).
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
 _lock = threading.Lock()
 _capped: float | None = None
 
@@ -91,23 +93,24 @@ def _ram_bytes() -> int:
 
 
 def model_folder(name: str, what: str) -> Path:
-    """The local folder of model `name` (a path, the bundled MiniLM, or the Hugging Face cache: MLX
-    runners never download). A model not on this machine is a PermanentError only when the name
-    cannot be a model at all; otherwise another executor may hold it (RunnerError)."""
+    """The local folder of model `name`: a path, the bundled MiniLM, or a Hugging Face id from the
+    cache, downloaded there on first use as transformers does (its weights in safetensors, config and
+    tokenizer files only; never with HF_HUB_OFFLINE=1). A name that cannot be a model is a
+    PermanentError; one not reachable now a RunnerError (another executor may hold it)."""
     resolved = model_paths.resolve(name)
     folder = Path(resolved).expanduser()
     if folder.is_dir():
         return folder
     try:
         from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(resolved, local_files_only=True))
     except ImportError as exc:
         raise RunnerError(f"{what} model {name!r} is not a folder on this machine") from exc
-    except Exception as exc:  # the hub's errors: not cached, or not a valid id
+    try:
+        return Path(snapshot_download(resolved, allow_patterns=MODEL_FILES))
+    except Exception as exc:  # the hub's errors: unknown id, not cached while offline, network
         if model_paths.is_missing_model_error(exc):
             raise PermanentError(f"unknown {what} model {name!r}: {exc}") from exc
-        raise RunnerError(f"{what} model {name!r} is not in this machine's Hugging Face cache") from exc
+        raise RunnerError(f"cannot fetch {what} model {name!r}: {exc}") from exc
 
 
 def weight_bytes(folder: Path) -> int:
