@@ -13,7 +13,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the local CPU build. A bare `torch` requirement could pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[agent,dev]'
+	$(PY) -m pip install --quiet -e '.[agent,dev,mlx]'
+	# MLX's CPU build on Linux, for the MLX parity tests (on a Mac the [mlx] extra runs on the GPU).
+	if [ "$$(uname -s)" = Linux ]; then $(PY) -m pip install --quiet 'mlx[cpu]'; fi
 	touch $(STAMP)
 
 install: $(STAMP)

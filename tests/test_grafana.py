@@ -32,7 +32,9 @@ DASHBOARD = GRAFANA / "dashboards" / "minions.json"
 ROLE = "minions_grafana"
 HARDWARE: dict[str, Any] = {
     "device": "cpu", "chip": "Test CPU", "os": "Linux",
-    "precision": [{"model": "m1", "device": "cpu", "precision": "bf16", "cosine": 0.99998, "setting": "auto"}],
+    "precision": [{"model": "m1", "device": "cpu", "precision": "bf16", "cosine": 0.99998, "setting": "auto"},
+                  {"model": "m2", "device": "mlx-gpu", "precision": "fp16", "cosine": 0.99995, "setting": "auto",
+                   "backend": "mlx"}],
 }
 # Panels that must show something for a team with a finished task.
 KEY_PANELS = {
@@ -43,7 +45,7 @@ KEY_PANELS = {
     "Failures by reason", "Top executors", "Failed and lost attempts per minute",
     "Executors per team and hardware", "Kinds and models", "Queue wait percentiles",
     "Duration percentiles by model", "Duration percentiles by hardware", "Failure reasons",
-    "Executor contributions", "Records per minute by team", "Precision by executor and model",
+    "Executor contributions", "Records per minute by team", "Backend and precision by executor and model",
     "Compute used per team", "Team share vs weight", "Compute given per executor", "Compute given per owner",
 }
 
@@ -169,10 +171,14 @@ async def test_views_answer_per_team(database_url: str) -> None:
         assert not await conn.fetch("SELECT * FROM grafana_top_executors WHERE team = 'other'")
 
         # The precision the agent reported with its hardware; executors that report none have no row.
-        precise = await conn.fetch("SELECT * FROM grafana_executor_precision ORDER BY team")
-        assert [(r["team"], r["executor"], r["model"], r["precision"], r["cosine"], r["setting"]) for r in precise] == [
-            ("other", "cpu-box", "m1", "bf16", 0.99998, "auto"),  # a shared executor: under every team
-            ("search", "cpu-box", "m1", "bf16", 0.99998, "auto"),
+        # An entry without a backend comes from an agent older than the choice: torch.
+        precise = await conn.fetch("SELECT * FROM grafana_executor_precision ORDER BY team, model")
+        assert [(r["team"], r["executor"], r["model"], r["precision"], r["cosine"], r["setting"], r["backend"])
+                for r in precise] == [
+            ("other", "cpu-box", "m1", "bf16", 0.99998, "auto", "torch"),  # a shared executor: under every team
+            ("other", "cpu-box", "m2", "fp16", 0.99995, "auto", "mlx"),
+            ("search", "cpu-box", "m1", "bf16", 0.99998, "auto", "torch"),
+            ("search", "cpu-box", "m2", "fp16", 0.99995, "auto", "mlx"),
         ]
     finally:
         await conn.close()
@@ -214,6 +220,8 @@ async def test_every_dashboard_panel_runs_as_the_readonly_role(database_url: str
         per_model = results["Records per minute by model"]
         assert {r["metric"] for r in per_model} == {"m1"} and sum(r["value"] for r in per_model) == 10
         assert all(r["time"] % 60 == 0 for r in per_model)
+        assert {(r["model"], r["backend"]) for r in results["Backend and precision by executor and model"]} == {
+            ("m1", "torch"), ("m2", "mlx")}
         top = results["Top executors"][0]
         assert (top["executor"], top["chip"], top["records_done"], top["subtasks_done"]) == (
             "cpu-box", "Test CPU", 10, 2)

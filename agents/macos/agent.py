@@ -343,7 +343,7 @@ def describe(
     """What the agent tells its owner at start: who it is and what it will serve."""
     prefs = ", ".join(str(p) for p in config.preferences) or "none (global FIFO queue)"
     device = f"{machine.device} ({machine.chip}, {machine.memory_gb} GB, {machine.cpu_count} CPUs, {machine.os})"
-    precisions = ", ".join(f"{p['model']} {p['precision']} (cosine {p['cosine']:.5f})" for p in precision) or "-"
+    precisions = ", ".join(_precision_line(p) for p in precision) or "-"
     every = f"every {registration.heartbeat_interval_s:g} s, long poll {registration.long_poll_s:g} s"
     return "\n".join(
         [
@@ -357,3 +357,11 @@ def describe(
             f"  heartbeat:   {every}",
         ]
     )
+
+
+def _precision_line(report: Mapping[str, Any]) -> str:
+    """`MODEL on BACKEND PRECISION (cosine C)`: what the agent chose for a model at its load."""
+    cosine = report.get("cosine")
+    gate = f" (cosine {cosine:.5f})" if isinstance(cosine, int | float) else ""
+    engine = " ".join(str(report[k]) for k in ("backend", "precision", "quantization") if report.get(k))
+    return f"{report['model']} on {engine}{gate}"

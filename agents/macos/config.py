@@ -26,11 +26,15 @@ from typing import Any
 
 from minions import config as minions_config
 from minions import jsoncodec
+from minions.agents.macos.runners import mlx_setup
 from minions.agents.macos.runners.precision import PRECISION_SETTINGS
 from minions.kinds import KINDS
 from minions.names import is_name
 
 COMPLETION_BACKENDS = ("ollama", "transformers")
+# The engine models run on (runners/backend_choice.py): auto measures torch against MLX on Apple
+# silicon and keeps torch elsewhere; ollama sends completions to Ollama (embeddings stay on torch).
+BACKENDS = ("auto", "torch", "mlx", "ollama")
 DEFAULT_CONFIG_PATH = Path("~/.config/minions/agent.toml")  # where XDG_CONFIG_HOME is unset
 
 
@@ -107,6 +111,7 @@ class AgentConfig:
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     device: str | None = None  # None: mps, then cuda, then cpu
     precision: str = "auto"  # embeddings: the fastest precision within min_cosine of fp32
+    backend: str = "auto"  # auto, torch, mlx or ollama (see BACKENDS)
     min_cosine: float = 0.9999
     generation_batch_size: int | None = None  # transformers completions; None: the device's default
     # Requests in flight per subtask: as many as Ollama has slots. OLLAMA_NUM_PARALLEL sets them
@@ -133,6 +138,10 @@ class AgentConfig:
             problems.append("threads must be >= 1")
         if self.device not in (None, "mps", "cuda", "cpu"):
             problems.append("device must be mps, cuda or cpu")
+        if self.backend not in BACKENDS:
+            problems.append(f"backend must be one of {', '.join(BACKENDS)}")
+        elif self.backend == "mlx" and not mlx_setup.available():
+            problems.append(f"backend mlx {mlx_setup.MISSING}")
         if self.precision not in PRECISION_SETTINGS:
             problems.append(f"precision must be one of {', '.join(PRECISION_SETTINGS)}")
         if not 0 < self.min_cosine <= 1:
@@ -246,6 +255,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--min-cosine", type=float, default=s, help="accuracy gate of --precision auto (default 0.9999)")
     add(
+        "--backend",
+        choices=BACKENDS,
+        default=s,
+        help="inference engine (default auto: on Apple silicon with the [mlx] extra, torch or MLX per model, "
+        "whichever is faster within --min-cosine of fp32 transformers; torch elsewhere; ollama: completions "
+        "through Ollama)",
+    )
+    add(
         "--generation-batch-size",
         type=int,
         default=s,
@@ -353,6 +370,7 @@ def to_toml(config: AgentConfig) -> str:
         lines.append(f"device = {_toml(config.device)}")
     lines += [
         f"precision = {_toml(config.precision)}",
+        f"backend = {_toml(config.backend)}",
         f"min_cosine = {_toml(config.min_cosine)}",
         f"ollama_parallel = {config.ollama_parallel}",
     ]

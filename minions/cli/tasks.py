@@ -332,14 +332,24 @@ async def executors(args: argparse.Namespace) -> int:
     if not rows:
         print("no executors registered")
         return 0
-    print_table(["NAME", "STATUS", "DEVICE", "KINDS", "MODELS", "TRUST", "CURRENT", "LAST HEARTBEAT"], [
-        [e["name"], e["status"], str(e["hardware"].get("device", "?")), ",".join(e["kinds"]),
+    print_table(["NAME", "STATUS", "DEVICE", "BACKEND", "KINDS", "MODELS", "TRUST", "CURRENT", "LAST HEARTBEAT"], [
+        [e["name"], e["status"], str(e["hardware"].get("device", "?")), _backends(e["hardware"]), ",".join(e["kinds"]),
          ",".join(e.get("models") or ()) or "-", _trust(e.get("trust")),
          ", ".join(f"{c['team']}/{c['project']}/{c['task_name']}#{c['subtask_id']}" for c in e["current"]) or "-",
          shown_time(e["last_heartbeat_at"])]
         for e in rows
     ])
     return 0
+
+
+def _backends(hardware: dict[str, Any]) -> str:
+    """The engines and precisions the agent chose at model load (`mlx/fp16,torch/fp32`), from the
+    precision entries of its registration; an entry without a backend is an older agent's: torch."""
+    entries = hardware.get("precision")
+    if not isinstance(entries, list):
+        return "-"
+    chosen = [f"{p.get('backend') or 'torch'}/{p.get('precision') or '?'}" for p in entries if isinstance(p, dict)]
+    return ",".join(dict.fromkeys(chosen)) or "-"
 
 
 def _trust(trust: dict[str, Any] | None) -> str:

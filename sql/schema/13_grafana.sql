@@ -231,6 +231,8 @@ SELECT team, executor_id, executor, device, chip, os,
   FROM grafana_attempts
  GROUP BY team, executor_id, executor, device, chip, os;
 
+-- Per executor and model, what its agent chose at load and reported with its hardware: the precision,
+-- its cosine to fp32, and the engine (backend: torch or mlx; torch for agents that predate the choice).
 CREATE VIEW grafana_executor_precision AS
 SELECT ge.team,
        ge.executor_id,
@@ -243,7 +245,8 @@ SELECT ge.team,
        coalesce(p.value ->> 'precision', 'unknown') AS precision,
        CASE WHEN jsonb_typeof(p.value -> 'cosine') = 'number'
             THEN (p.value ->> 'cosine')::double precision END AS cosine,
-       coalesce(p.value ->> 'setting', 'auto') AS setting
+       coalesce(p.value ->> 'setting', 'auto') AS setting,
+       coalesce(p.value ->> 'backend', 'torch') AS backend
   FROM grafana_executors ge
   JOIN executors e ON e.id = ge.executor_id
  CROSS JOIN LATERAL jsonb_array_elements(

@@ -136,7 +136,10 @@ async def test_executors_show_trust_and_an_admin_releases_a_quarantine(cli: Cli)
     lifts a quarantine (sql/schema/11_checks.sql)."""
     async with aiohttp.ClientSession() as session, session.post(
             f"{cli.services.api_url}/api/v1/executors/register", headers={"Authorization": f"Bearer {cli.executor}"},
-            json={"name": "suspect", "hardware": {"device": "cpu"}, "kinds": ["sleep"], "models": [],
+            json={"name": "suspect", "kinds": ["sleep"], "models": [],
+                  "hardware": {"device": "mps", "precision": [
+                      {"model": "m1", "precision": "fp16", "cosine": 0.99995, "backend": "mlx"},
+                      {"model": "m2", "precision": "fp32", "cosine": 1.0}]},  # no backend: an older agent
                   "preferences": []}) as resp:
         assert resp.status == 201
         executor_id = (await resp.json())["executor_id"]
@@ -148,6 +151,7 @@ async def test_executors_show_trust_and_an_admin_releases_a_quarantine(cli: Cli)
     listed = await cli.run("executors")
     assert "TRUST" in listed.stdout and "QUARANTINED" in listed.stdout and "outvoted in a drill" in listed.stdout, \
         listed.stdout
+    assert "BACKEND" in listed.stdout and "mlx/fp16,torch/fp32" in listed.stdout, listed.stdout
     released = await cli.run("executor", "release", executor_id)
     assert released.returncode == 0 and "quarantine lifted" in released.stdout, released.stderr
     again = await cli.run("executor", "release", executor_id)

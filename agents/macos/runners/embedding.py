@@ -58,9 +58,9 @@ class _Loaded:
 class EmbeddingRunner:
     kind = "embedding"
 
-    def __init__(self, settings: TorchSettings) -> None:
+    def __init__(self, settings: TorchSettings, thread: InferenceThread | None = None) -> None:
         self._settings = settings
-        self._thread = InferenceThread("embedding")
+        self._thread = thread or InferenceThread("embedding")  # shared when backend_choice.py compares engines
         # One model stays loaded across subtasks; a subtask of another model replaces it (owners'
         # memory matters more than the load time of a second model).
         self._loaded: _Loaded | None = None
@@ -72,7 +72,13 @@ class EmbeddingRunner:
         return list(self._choices.values())
 
     def precision_reports(self) -> list[dict[str, Any]]:
-        return [choice.to_json() for choice in self._choices.values()]
+        return [{**choice.to_json(), "backend": "torch"} for choice in self._choices.values()]
+
+    def unload(self) -> None:
+        """Drop the loaded model (backend_choice.py, when MLX serves it instead). Blocking."""
+        if self._loaded is not None:
+            self._loaded = None
+            torch_setup.free_memory(self._settings.device)
 
     async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
         """What each of `models` found here is (model_identity.py), with the precision it runs in: the

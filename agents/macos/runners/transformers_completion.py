@@ -75,9 +75,9 @@ class _LoadedLM:
 class TransformersCompletionRunner:
     kind = "completion"
 
-    def __init__(self, settings: TorchSettings) -> None:
+    def __init__(self, settings: TorchSettings, thread: InferenceThread | None = None) -> None:
         self._settings = settings
-        self._thread = InferenceThread("completion")
+        self._thread = thread or InferenceThread("completion")  # shared when backend_choice.py compares engines
         self._loaded: _LoadedLM | None = None
         self._identities = ModelIdentities("transformers")
 
@@ -94,6 +94,12 @@ class TransformersCompletionRunner:
 
     async def aclose(self) -> None:
         self._thread.shutdown()
+
+    def unload(self) -> None:
+        """Drop the loaded model (backend_choice.py, when MLX serves it instead). Blocking."""
+        if self._loaded is not None:
+            self._loaded = None
+            torch_setup.free_memory(self._settings.device)
 
     async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
         model = require_model(subtask)

@@ -66,14 +66,18 @@ export function executorsView(ctx) {
       h("tbody", shown.map(row)))));
   }
 
-  // The precision the agent chose per model at load (the fastest within its cosine gate to fp32).
+  // The engine and precision the agent chose per model at load (the fastest within its cosine gate
+  // to fp32): the backend (torch, mlx) when the agent reports it, a quantized model's quantisation,
+  // and under --backend auto why it chose and what it turned down.
   function precisionLine(precision) {
     const chosen = Array.isArray(precision) ? precision.filter((p) => p && typeof p === "object") : [];
     if (!chosen.length) return null;
     const cosine = (p) => (typeof p.cosine === "number" ? p.cosine.toFixed(5) : "?");
-    return h("div.cell-sub.precision", {
-      title: chosen.map((p) => `${p.model}: ${p.precision} (${p.setting || "auto"}), cosine to fp32 ${cosine(p)}`).join("\n"),
-    }, chosen.map((p) => `${p.precision} · cos ${cosine(p)}`).join(", "));
+    const engine = (p) => [p.backend, p.precision, p.quantization].filter(Boolean).join(" ") || "not served";
+    const detail = (p) => [`${p.model}: ${engine(p)} (${p.setting || "auto"}), cosine to fp32 ${cosine(p)}`,
+      p.why ? `  ${p.why}` : null, p.rejected ? `  not used: ${p.rejected}` : null].filter(Boolean).join("\n");
+    return h("div.cell-sub.precision", { title: chosen.map(detail).join("\n") },
+      chosen.map((p) => `${engine(p)} · cos ${cosine(p)}`).join(", "));
   }
 
   // What it loads for each model: a task's results all come from one fingerprint. An agent that
