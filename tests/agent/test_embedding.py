@@ -259,7 +259,7 @@ def _encoders() -> list[object]:
     from transformers import BertModel
 
     gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, BertModel)]
+    return [o for o in gc.get_objects() if type(o) is BertModel]
 
 
 async def test_forced_bf16_is_used_and_its_cosine_measured(reference: np.ndarray) -> None:
