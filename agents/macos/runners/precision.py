@@ -6,15 +6,17 @@ gate (0.9999 by default) to fp32's; otherwise fp32. A variant is a precision and
 are held: on CPUs with AVX512-BF16 or AMX, bf16 under autocast over the fp32 weights (matmuls in
 bf16, layer norms and softmax in fp32) and bf16 weights (`model.to(torch.bfloat16)`: everything in
 bf16, less memory traffic; often the faster of the two, sometimes the less accurate); on MPS fp16
-weights; on CUDA fp16 weights and bf16 weights where supported. A precision the device only emulates is never tried:
-it is slower than fp32 (bf16 on an AVX2 CPU is), so it could only lose. MINIONS_NATIVE_BF16=1 or 0
-overrides what /proc/cpuinfo says (a VM that hides the flag, or a test of either kind of machine).
+weights; on CUDA fp16 weights and bf16 weights where supported. A precision the device only
+emulates is never tried: it is slower than fp32 (bf16 on an AVX2 CPU is), so it could only lose.
+MINIONS_NATIVE_BF16=1 or 0 overrides what /proc/cpuinfo says (a VM that hides the flag, or a test
+of either kind of machine).
 
 The timing must not flip on one noisy sample (a busy neighbour once made fp32 read 111 ms against
 bf16's 49 on a machine where the two are equal): the variants are timed in alternating rounds (the
 order reversed every round, so drift hits both alike), for at least MIN_ROUNDS rounds and until each
 has run PROBE_BUDGET_S, and a faster precision is kept only if it beats fp32 by MIN_SPEED_UP in the
 median of the rounds' ratios *and* in at least MIN_WON_SHARE of the rounds. Otherwise fp32 stays.
+Of the variants that pass, the one with the largest median ratio to fp32 is kept.
 
 Only one copy of the weights outlives the choice: a cast variant is built next to the fp32 model
 (which the probe needs as its reference) parameter by parameter, never as a second fp32 copy, and
