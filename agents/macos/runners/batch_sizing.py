@@ -2,12 +2,13 @@
 speeds up, found once when a model is first loaded.
 
 Sizes double from a small start. Each is timed on copies of a typical text (the best of TIMINGS
-runs: a busy neighbour only ever slows a run down); growing stops at the first size that brings
-less than MIN_GAIN more texts per second than the fastest so far, that runs out of memory, that
-takes the allocator above the cap, or that is already slow (an owner's machine must stay
-responsive between batches: cancellation waits for the batch in flight). The size kept is the
-fastest one measured, even if it was faster by less than MIN_GAIN: MIN_GAIN only decides whether
-doubling again is worth trying.
+runs: a busy neighbour only ever slows a run down); growing stops after PATIENCE sizes in a row
+that each bring less than MIN_GAIN more texts per second than the fastest so far (one flat step
+can be noise, or a plateau before the next gain), or at a size that runs out of memory, that takes
+the allocator above the cap, or that is already slow (an owner's machine must stay responsive
+between batches: cancellation waits for the batch in flight). The size kept is the fastest one
+measured, even if it was faster by less than MIN_GAIN: MIN_GAIN only decides whether doubling
+again is worth trying.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MIN_GAIN = 1.10
 MAX_BATCH_S = 2.0
 # Runs timed per size, the fastest counted.
 TIMINGS = 2
+# Sizes in a row without MIN_GAIN before growing stops.
+PATIENCE = 2
 START = {"cpu": 8, "mps": 16, "cuda": 32}
 LARGEST = {"cpu": 256, "mps": 512, "cuda": 2048}
 # About 40 tokens: a typical sentence or short paragraph in an embedding task.
@@ -81,6 +84,7 @@ def choose(
     largest = LARGEST.get(device, 256)
     embed([TYPICAL_TEXT] * size)  # warm-up: the first call pays for kernel selection
     best, best_rate = size, 0.0
+    flat = 0  # sizes in a row without MIN_GAIN over the fastest so far
     rates: dict[int, float] = {}
     why = f"largest tried ({largest})"
     while size <= largest:
@@ -109,11 +113,11 @@ def choose(
             break
         rate = size / max(seconds, 1e-9)
         rates[size] = round(rate, 1)
-        gained = rate >= best_rate * MIN_GAIN
+        flat = 0 if rate >= best_rate * MIN_GAIN else flat + 1
         if rate > best_rate:
             best, best_rate = size, rate
-        if not gained:
-            why = f"less than {MIN_GAIN:.2f}x from {size // 2} to {size}"
+        if flat >= PATIENCE:
+            why = f"less than {MIN_GAIN:.2f}x over the fastest for {PATIENCE} sizes up to {size}"
             break
         if seconds > MAX_BATCH_S:
             why = f"a batch of {size} takes {seconds:.1f} s"
