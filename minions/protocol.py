@@ -84,7 +84,8 @@ class ExecutorRegistration(Struct, kw_only=True):
         "The machine's name; registering again with the same name and token updates that executor."))]
     hardware: Annotated[dict[str, Any], Meta(description=(
         "Free-form description of the machine. The Minions agent adds `precision`: [{model, device, "
-        "precision, cosine, setting}], the precision it runs each loaded model in and its cosine to fp32."))] = {}
+        "precision, weights, cosine, setting}], the precision it runs each loaded model in (weights: fp32, "
+        "autocast over fp32 weights, or cast to bf16/fp16) and its cosine to fp32."))] = {}
     kinds: Annotated[list[Annotated[str, Meta(extra_json_schema={"enum": list(KINDS)})]],
                      Meta(min_length=1, max_length=256)]
     models: Annotated[list[Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL)]],

@@ -591,7 +591,8 @@ async def test_registration_reports_the_precision_chosen_at_load(w: World) -> No
     [executor] = (await w.api.call("GET", "/api/v1/executors")).body["executors"]
     [reported] = executor["hardware"]["precision"]
     assert reported == {"model": MINILM, "device": "cpu", "precision": choice.precision,
-                        "cosine": round(choice.cosine, 7), "setting": "auto", "backend": "torch"}
+                        "weights": choice.weights, "cosine": round(choice.cosine, 7), "setting": "auto",
+                        "backend": "torch"}
     assert reported["cosine"] >= 0.9999
     described = agent_module.describe(config, ["embedding"], MACHINE, [MINILM], agent.registration,
                                       executor["hardware"]["precision"])

@@ -1,14 +1,19 @@
 """The embedding batch size for this device: the largest that fits under the memory cap and still
 speeds up, found once when a model is first loaded.
 
-Sizes double from a small start. Each is timed on copies of a typical text; growing stops at the
-first size that brings less than MIN_GAIN more texts per second, that runs out of memory, that
-takes the allocator above the cap, or that is already slow (an owner's machine must stay
-responsive between batches: cancellation waits for the batch in flight).
+Sizes double from a small start. Each is timed on copies of a typical text (the best of TIMINGS
+runs: a busy neighbour only ever slows a run down); growing stops after PATIENCE sizes in a row
+that each bring less than MIN_GAIN more texts per second than the fastest so far (one flat step
+can be noise, or a plateau before the next gain), or at a size that runs out of memory, that takes
+the allocator above the cap, or that is already slow (an owner's machine must stay responsive
+between batches: cancellation waits for the batch in flight). The size kept is the fastest one
+measured, even if it was faster by less than MIN_GAIN: MIN_GAIN only decides whether doubling
+again is worth trying.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +27,10 @@ log = get_logger(__name__)
 MIN_GAIN = 1.10
 # A batch taking longer than this delays a stop (owner back, lease lost) by as much.
 MAX_BATCH_S = 2.0
+# Runs timed per size, the fastest counted.
+TIMINGS = 2
+# Sizes in a row without MIN_GAIN before growing stops.
+PATIENCE = 2
 START = {"cpu": 8, "mps": 16, "cuda": 32}
 LARGEST = {"cpu": 256, "mps": 512, "cuda": 2048}
 # About 40 tokens: a typical sentence or short paragraph in an embedding task.
@@ -66,22 +75,31 @@ def choose(
     embed: Callable[[list[str]], Any],
     memory_fraction: float,
     stop: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Sizing:
+    """The batch size to embed with on `device` (see the module's docstring). `clock` times the runs
+    (seconds)."""
     cap = memory_cap_bytes(torch, device, memory_fraction)
     size = START.get(device, 8)
+    largest = LARGEST.get(device, 256)
     embed([TYPICAL_TEXT] * size)  # warm-up: the first call pays for kernel selection
     best, best_rate = size, 0.0
+    flat = 0  # sizes in a row without MIN_GAIN over the fastest so far
     rates: dict[int, float] = {}
-    why = f"largest tried ({LARGEST.get(device, 256)})"
-    while size <= LARGEST.get(device, 256):
-        if stop is not None:
-            stop()
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+    why = f"largest tried ({largest})"
+    while size <= largest:
+        seconds = math.inf
         try:
-            started = time.perf_counter()
-            embed([TYPICAL_TEXT] * size)
-            seconds = time.perf_counter() - started
+            for _ in range(TIMINGS):
+                if stop is not None:
+                    stop()
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                started = clock()
+                embed([TYPICAL_TEXT] * size)
+                seconds = min(seconds, clock() - started)
+                if seconds > MAX_BATCH_S:
+                    break  # slow already: once is enough to know
         except RuntimeError as exc:
             if not out_of_memory(exc):
                 raise
@@ -93,12 +111,14 @@ def choose(
         if cap is not None and allocated_bytes(torch, device) > cap:
             why = f"memory cap reached at {size}"
             break
-        rate = size / seconds
+        rate = size / max(seconds, 1e-9)
         rates[size] = round(rate, 1)
-        if rate < best_rate * MIN_GAIN:
-            why = f"no speed-up from {best} to {size}"
+        flat = 0 if rate >= best_rate * MIN_GAIN else flat + 1
+        if rate > best_rate:
+            best, best_rate = size, rate
+        if flat >= PATIENCE:
+            why = f"less than {MIN_GAIN:.2f}x over the fastest for {PATIENCE} sizes up to {size}"
             break
-        best, best_rate = size, rate
         if seconds > MAX_BATCH_S:
             why = f"a batch of {size} takes {seconds:.1f} s"
             break

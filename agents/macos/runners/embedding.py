@@ -101,13 +101,10 @@ class EmbeddingRunner:
         model = require_model(subtask)
         params = EmbeddingParams.parse(subtask.params)
         texts = [string_field(r, "text") for r in records]
-        vectors = await self._thread.call(lambda stop: self.encode(model, texts, params, stop))
-        tokens = await self._thread.call(lambda stop: self.count_tokens(model, texts, params))
-        import numpy as np  # with torch: only agents that embed pay for it
-
-        # float32 arrays, not lists of doubles: the output then holds each value as the shortest
+        vectors, tokens = await self._thread.call(lambda stop: self.encode_counted(model, texts, params, stop))
+        # float32 rows, not lists of doubles: the output then holds each value as the shortest
         # text that round-trips float32 (jsoncodec.dumps_line), about half the bytes.
-        return [{"id": r["id"], "embedding": np.asarray(v, dtype=np.float32), "usage": {"prompt_tokens": n}}
+        return [{"id": r["id"], "embedding": v, "usage": {"prompt_tokens": n}}
                 for r, v, n in zip(records, vectors, tokens, strict=True)]
 
     def count_tokens(self, model_name: str, texts: list[str], params: EmbeddingParams) -> list[int]:
@@ -127,23 +124,38 @@ class EmbeddingRunner:
         self, model_name: str, texts: list[str], params: EmbeddingParams, stop: threading.Event | None = None
     ) -> list[list[float]]:
         """Vectors for `texts`, in their order. Blocking: call it on the worker thread."""
+        vectors, _ = self.encode_counted(model_name, texts, params, stop)
+        return [row.tolist() for row in vectors]
+
+    def encode_counted(
+        self, model_name: str, texts: list[str], params: EmbeddingParams, stop: threading.Event | None = None
+    ) -> tuple[Any, list[int]]:
+        """Vectors for `texts` (a float32 numpy array, one row per text, in their order) and the tokens
+        each was embedded from (read off the attention mask: the texts are tokenized once).
+        Blocking: call it on the worker thread."""
+        import numpy as np  # with torch: only agents that embed pay for it
+
         torch = torch_setup.prepare(self._settings)
         loaded = self._load(model_name, stop)
         batch_size = params.batch_size or loaded.batch_size
         # Longest first: batches of similar length waste little on padding, and the biggest
         # batch comes first, so running out of memory shows at once.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        vectors: list[list[float]] = [[] for _ in texts]
+        vectors: Any = None
+        tokens = [0] * len(texts)
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 check_stop(stop)
                 batch = order[start : start + batch_size]
-                pooled = self._embed_batch(torch, loaded, [texts[i] for i in batch], params)
-                for i, row in zip(batch, pooled.tolist(), strict=True):
-                    vectors[i] = row
-        return vectors
+                pooled, counts = self._embed_batch(torch, loaded, [texts[i] for i in batch], params)
+                if vectors is None:
+                    vectors = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
+                vectors[batch] = pooled.numpy()
+                for i, n in zip(batch, counts.tolist(), strict=True):
+                    tokens[i] = n
+        return (vectors if vectors is not None else np.empty((0, 0), dtype=np.float32)), tokens
 
-    def _embed_batch(self, torch: Any, loaded: _Loaded, texts: list[str], params: EmbeddingParams) -> Any:
+    def _embed_batch(self, torch: Any, loaded: _Loaded, texts: list[str], params: EmbeddingParams) -> tuple[Any, Any]:
         return self._embed_with(torch, loaded.tokenizer, loaded.precise, loaded.inputs, texts, params)
 
     def _embed_with(
@@ -154,7 +166,8 @@ class EmbeddingRunner:
         accepted: frozenset[str],
         texts: list[str],
         params: EmbeddingParams,
-    ) -> Any:
+    ) -> tuple[Any, Any]:
+        """Normalised (or not) pooled vectors of `texts`, fp32 on the CPU, and each text's token count."""
         encoded = tokenizer(texts, padding=True, truncation=True, max_length=params.max_length, return_tensors="pt")
         inputs = {k: v.to(self._settings.device) for k, v in encoded.items() if k in accepted}
         with precise.context():
@@ -167,7 +180,7 @@ class EmbeddingRunner:
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         if params.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.cpu()
+        return pooled.cpu(), encoded["attention_mask"].sum(dim=1)
 
     def _load(self, name: str, stop: threading.Event | None = None) -> _Loaded:
         if self._loaded is not None and self._loaded.name == name:
@@ -185,7 +198,7 @@ class EmbeddingRunner:
 
         def embed(precise: precision.Precise, texts: list[str]) -> Any:
             with torch.inference_mode():
-                return self._embed_with(torch, tokenizer, precise, accepted, texts, probe)
+                return self._embed_with(torch, tokenizer, precise, accepted, texts, probe)[0]
 
         def stopped() -> None:
             check_stop(stop)
@@ -193,7 +206,9 @@ class EmbeddingRunner:
         precise, choice = precision.choose(
             torch, name, model, settings.device, embed, settings.precision, settings.min_cosine, stopped
         )
-        del model  # on a GPU the chosen precision is a copy: the fp32 weights can go
+        # One copy of the weights from here on: a chosen cast variant is a copy, and the fp32 model
+        # (the probe's reference) goes with this name; autocast and fp32 keep using it.
+        del model
         torch_setup.free_memory(settings.device)
         sizing = batch_sizing.choose(
             torch, settings.device, lambda texts: embed(precise, texts), settings.mps_memory_fraction, stopped
