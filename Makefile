@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the local CPU build. A bare `torch` requirement could pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[agent,dev]'
+	$(PY) -m pip install --quiet -e '.[agent,data,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,7 +36,7 @@ chaos: install
 
 bench: install
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
-	$(PY) -m pip install --quiet -e '.[agent,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[agent,data,dev,bench]'
 	$(PY) bench/claim.py
 	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
 	$(PY) bench/embed_agent.py

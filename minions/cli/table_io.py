@@ -1,0 +1,55 @@
+"""Tables on the command line: `minions submit data.parquet --text-column body` reads a Parquet file
+as the task's records (minions.sdk.tables: streamed, each row checked), and `minions results TASK
+-o out.parquet|out.npy|out.jsonl` writes the results in the format the extension names
+(minions.sdk.results). Why a task's results are empty or incomplete is said here too."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from minions import jsoncodec
+from minions.sdk.results import result_format
+from minions.sdk.tables import table_records
+
+
+def parquet_as_jsonl(path: Path, kind: str, id_column: str, text_column: str | None, into: Path) -> Path:
+    """The records of a Parquet file, checked row by row, as a JSONL file in `into` (what `submit`
+    then checks, hashes and uploads as it does any JSONL file). TableError names a bad row's number
+    (from 0) and column; ImportError names the extra that brings pyarrow."""
+    target = into / (path.stem + ".jsonl")
+    fd, spool = tempfile.mkstemp(dir=into, suffix=".part")
+    with os.fdopen(fd, "wb") as out:
+        for record in table_records(path, kind, id_column=id_column, text_column=text_column):
+            out.write(jsoncodec.dumps_line(record))
+    os.replace(spool, target)
+    return target
+
+
+def output_problem(path: Path | None) -> str | None:
+    """Why results cannot be written to `path` (an unknown extension), or None."""
+    if path is None:
+        return None
+    try:
+        result_format(path)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def why_incomplete(task: dict[str, Any]) -> str:
+    """A failed or cancelled task's results in a sentence: what ended it and what is missing."""
+    ref = f"{task['team']}/{task['project']}/{task['name']}"
+    records, subtasks = task["records"], task["subtasks"]
+    parts = [f"task {ref} {task['status']}"]
+    if task.get("error"):
+        parts[0] += f": {task['error']}"
+    if subtasks.get("total"):
+        ended = ", ".join(f"{subtasks[k]} {k}" for k in ("failed", "cancelled") if subtasks.get(k))
+        parts.append(f"{ended or 'no'} of its {subtasks['total']} subtasks")
+    elif task["status"] == "failed":
+        parts.append("it was never split into subtasks, so it has no results")
+    parts.append(f"{records['done']:,} of {records['total']:,} records have a result")
+    return "; ".join(parts)
