@@ -41,15 +41,12 @@ def output_problem(path: Path | None) -> str | None:
 
 def why_incomplete(task: dict[str, Any]) -> str:
     """A failed or cancelled task's results in a sentence: what ended it and what is missing."""
-    ref = f"{task['team']}/{task['project']}/{task['name']}"
     records, subtasks = task["records"], task["subtasks"]
-    parts = [f"task {ref} {task['status']}"]
+    said = f"task {task['team']}/{task['project']}/{task['name']} {task['status']}"
     if task.get("error"):
-        parts[0] += f": {task['error']}"
-    if subtasks.get("total"):
-        ended = ", ".join(f"{subtasks[k]} {k}" for k in ("failed", "cancelled") if subtasks.get(k))
-        parts.append(f"{ended or 'no'} of its {subtasks['total']} subtasks")
-    elif task["status"] == "failed":
-        parts.append("it was never split into subtasks, so it has no results")
-    parts.append(f"{records['done']:,} of {records['total']:,} records have a result")
-    return "; ".join(parts)
+        said += f": {task['error']}"
+    if not subtasks.get("total"):
+        return f"{said}; its input was never split into subtasks, so no record has a result"
+    ended = [f"{subtasks[k]} of its {subtasks['total']} subtasks {k}" for k in ("failed", "cancelled")
+             if subtasks.get(k)]
+    return "; ".join([said, *ended, f"{records['done']:,} of {records['total']:,} records have a result"])
