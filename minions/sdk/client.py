@@ -1,11 +1,12 @@
 """An async client of API.md's user endpoints (tasks, results, executors, inputs).
 
 Two layers on one connection:
-- typed, for pipelines: `submit(records, team=…, …)` takes a path, JSONL bytes or an iterable of
-  dicts and returns a `Task`; `wait()` (with a progress bar if asked) and `iter_results()` (one
-  typed result per input record, in input order);
+- typed, for pipelines: `submit(records, team=…, …)` takes a path, JSONL bytes, an iterable of
+  dicts or a table (minions.sdk.tables), checks each record, and returns a `Task`; `wait()` (with a
+  progress bar if asked), `iter_results()` (one typed result per input record, in input order) and
+  `results(task)` (the same as arrays and tables: minions.sdk.results);
 - raw, for tools that print or forward the wire JSON (the CLI's `--json`): `submit(body)`, `task()`,
-  `tasks()`, `cancel()`, `results()` (JSONL chunks), `upload_input()`, `executors()`, `health()`.
+  `tasks()`, `cancel()`, `results(team, project, name)` (JSONL chunks), `upload_input()`, `executors()`, `health()`.
 
 A 503 or 429 is retried after the server's `Retry-After` (backoff when it sends none), as is a
 connection that could not be made; errors come back as `MinionsError` carrying the server's status,
