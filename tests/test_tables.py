@@ -32,7 +32,7 @@ from minions.sdk import (
     Result,
     TableError,
 )
-from minions.sdk.results import embedding_matrix
+from minions.sdk.results import embedding_matrix, result_format
 from minions.sdk.tables import table_records
 from minions.testing.agents import AgentFleet
 from minions.testing.factories import make_tokens
@@ -70,6 +70,18 @@ def test_a_bad_row_is_named_by_its_row_and_column() -> None:
     # No id column: the row number; a list column of a completion table is its messages.
     assert list(table_records(chats.slice(0, 1), "completion")) == [
         {"id": 0, "messages": [{"role": "user", "content": "hi"}]}]
+
+
+def test_without_pyarrow_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"need pyarrow: pip install 'minions\[data\]'"):
+        list(table_records(pd.DataFrame({"text": ["a"]}), "embedding"))
+
+
+def test_results_files_are_named_by_their_format() -> None:
+    assert [result_format(name) for name in ("a.parquet", "b.NPY", "c.jsonl")] == [".parquet", ".npy", ".jsonl"]
+    with pytest.raises(ValueError, match=r"cannot write results as '.csv' \(out.csv\): name the file .parquet"):
+        result_format("out.csv")
 
 
 async def test_failed_records_raise_or_come_back_as_nan_rows_and_a_mask() -> None:
