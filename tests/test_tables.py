@@ -72,6 +72,18 @@ def test_a_bad_row_is_named_by_its_row_and_column() -> None:
         {"id": 0, "messages": [{"role": "user", "content": "hi"}]}]
 
 
+def test_the_cli_names_a_bad_parquet_row_before_it_connects(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": ["a", "b"], "body": ["fine", None]}), tmp_path / "bad.parquet")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MINIONS_API_URL": "http://127.0.0.1:9", "MINIONS_TOKEN": "t"}
+    run = subprocess.run([sys.executable, "-m", "minions.cli.main", "submit", "bad.parquet", "--text-column", "body",
+                          "--team", "search", "--project", "t", "--name", "bad", "--kind", "embedding",
+                          "--model", MODEL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == ("minions: bad.parquet: row 1 (column 'body'): must be a string (got null); "
+                          "nothing was uploaded\n")
+
+
 def test_without_pyarrow_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"need pyarrow: pip install 'minions\[data\]'"):

@@ -146,7 +146,13 @@ async def submit(args: argparse.Namespace) -> int:
     from minions.sdk.tables import TableError, is_table
 
     if not is_table(args.file):
+        if args.text_column is not None or args.id_column != "id":
+            print("minions: --text-column and --id-column name a .parquet file's columns; a JSONL file's "
+                  "records name their own fields", file=sys.stderr)
+            return 2
         return await _submit(args)
+    if not args.file.is_file():
+        return await _submit(args)  # which says so
     from minions.cli.table_io import parquet_as_jsonl
 
     with tempfile.TemporaryDirectory(prefix="minions-submit-") as into:
