@@ -159,7 +159,7 @@ async def submit(args: argparse.Namespace) -> int:
         try:
             args.file = await asyncio.to_thread(parquet_as_jsonl, args.file, args.kind, args.id_column,
                                                 args.text_column, Path(into))
-        except (TableError, ImportError) as exc:
+        except (TableError, ImportError, ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             print(f"minions: {args.file}: {exc}; nothing was uploaded", file=sys.stderr)
             return 2
         return await _submit(args)
@@ -319,20 +319,22 @@ async def results(args: argparse.Namespace) -> int:
         return 2
     async with connection.client_from_args(args) as client:
         task = None if args.partial else await client.task(team, project, name)
-        code = await _download(client, args, team, project, name)
+        code = await _download(client, args, team, project, name, None if task is None else task["records"]["total"])
         if code == 0 and task is not None and task["status"] in ("failed", "cancelled"):
             print(f"minions: {why_incomplete(task)}", file=sys.stderr)
             return 1
         return code
 
 
-async def _download(client: MinionsClient, args: argparse.Namespace, team: str, project: str, name: str) -> int:
+async def _download(client: MinionsClient, args: argparse.Namespace, team: str, project: str, name: str,
+                    total: int | None) -> int:
     if args.output is not None and args.output.suffix.lower() != ".jsonl":
+        from minions.cli.table_io import row_progress
         from minions.sdk.results import FailedResults
 
         try:  # a table, or a matrix: failed records are kept, marked (failed, error) or NaN
             rows = await client.results(f"{team}/{project}/{name}", partial=args.partial).write(
-                args.output, allow_failed=True)
+                args.output, allow_failed=True, progress=row_progress(f"writing {args.output}", total))
         except MinionsError as exc:
             raise _cli_hint(exc) from None
         except PartCorrupted as exc:

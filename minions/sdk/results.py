@@ -118,9 +118,12 @@ class Results:
             yield builder.table(schema)
         self.failed = np.array(failed_flags, dtype=np.bool_) if allow_failed else None
 
-    async def write(self, path: str | os.PathLike[str], *, allow_failed: bool = False) -> int:
+    async def write(self, path: str | os.PathLike[str], *, allow_failed: bool = False,
+                    progress: Callable[[int], None] | None = None) -> int:
         """Write the results to `path` in the format its extension names (`.parquet`, `.npy`: the
-        embedding matrix, `.jsonl`: the API's lines as they are); the number of records written."""
+        embedding matrix, `.jsonl`: the API's lines as they are); the number of records written.
+        `progress(records so far)` is told as they are written."""
+        tell = progress or (lambda _rows: None)
         suffix = result_format(path)
         if suffix == ".jsonl":
             from minions.sdk.client import task_parts  # the client imports this module
@@ -131,6 +134,7 @@ class Results:
                 async for chunk in self._client.results(*task_parts(self._ref), partial=self._partial):
                     lines += chunk.count(b"\n")
                     await asyncio.to_thread(out.write, chunk)
+                    tell(lines)
             finally:
                 await asyncio.to_thread(out.close)
             return lines
@@ -146,7 +150,7 @@ class Results:
 
             matrix, self.failed = await embedding_matrix(
                 aiter(self), None if self._partial else task.records_total, allow_failed=allow_failed,
-                kind=task.kind, allocate=memmap)
+                kind=task.kind, allocate=memmap, progress=tell)
             if isinstance(matrix, np.memmap):
                 matrix.flush()
             else:  # no rows: nothing was mapped
@@ -163,6 +167,7 @@ class Results:
                     writer = pq.ParquetWriter(os.fspath(path), table.schema)
                 await asyncio.to_thread(writer.write_table, table)
                 rows += table.num_rows
+                tell(rows)
         finally:
             if writer is not None:
                 writer.close()
@@ -170,7 +175,8 @@ class Results:
 
 
 async def embedding_matrix(results: AsyncIterator[Result], total: int | None, *, allow_failed: bool, kind: str,
-                           allocate: Callable[[tuple[int, int]], Matrix]) -> tuple[Matrix, Mask | None]:
+                           allocate: Callable[[tuple[int, int]], Matrix],
+                           progress: Callable[[int], None] | None = None) -> tuple[Matrix, Mask | None]:
     """The embeddings of `results` as a matrix `allocate`d (NaN-filled) once the dimension is known,
     with `total` rows (grown as they come when None), and the failed-rows mask under `allow_failed`."""
     if kind != "embedding":
@@ -196,12 +202,16 @@ async def embedding_matrix(results: AsyncIterator[Result], total: int | None, *,
         else:
             raise TypeError(f"to_numpy is for embedding results, not {type(result).__name__}")
         row += 1
+        if progress is not None and row % ROWS_PER_BATCH == 0:
+            progress(row)
     if matrix is None:  # no embedding at all: all failed (or none)
         matrix = allocate((row, 0)) if row else np.empty((0, 0), dtype=np.float32)
     elif total is None:
         matrix = matrix[:row]
     elif row != total:
         raise ValueError(f"the results hold {row} records, the task {total}")
+    if progress is not None:
+        progress(row)
     mask = np.zeros(row, dtype=np.bool_)
     mask[failed] = True
     return matrix, (mask if allow_failed else None)
