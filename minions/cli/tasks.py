@@ -47,7 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
-    p.set_defaults(handler=client_command(submit))
+    p.set_defaults(handler=client_command(submit_file))
 
     p = sub.add_parser("status", help="tasks as a table, or one task (TEAM/PROJECT/NAME)")
     connection.add_arguments(p)
@@ -141,8 +141,9 @@ async def _existing(client: MinionsClient, team: str, project: str, name: str) -
         raise
 
 
-async def submit(args: argparse.Namespace) -> int:
-    """A .parquet file is submitted as the JSONL of its records (checked as they are written)."""
+async def submit_file(args: argparse.Namespace) -> int:
+    """`minions submit`: a JSONL file as it is (`submit`); a .parquet file as the JSONL of its records
+    (checked as they are written), then the same."""
     from minions.sdk.tables import TableError, is_table
 
     if not is_table(args.file):
@@ -150,9 +151,9 @@ async def submit(args: argparse.Namespace) -> int:
             print("minions: --text-column and --id-column name a .parquet file's columns; a JSONL file's "
                   "records name their own fields", file=sys.stderr)
             return 2
-        return await _submit(args)
+        return await submit(args)
     if not args.file.is_file():
-        return await _submit(args)  # which says so
+        return await submit(args)  # which says so
     from minions.cli.table_io import parquet_as_jsonl
 
     with tempfile.TemporaryDirectory(prefix="minions-submit-") as into:
@@ -162,10 +163,10 @@ async def submit(args: argparse.Namespace) -> int:
         except (TableError, ImportError, ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             print(f"minions: {args.file}: {exc}; nothing was uploaded", file=sys.stderr)
             return 2
-        return await _submit(args)
+        return await submit(args)
 
 
-async def _submit(args: argparse.Namespace) -> int:
+async def submit(args: argparse.Namespace) -> int:
     from minions.cli.input_check import InputProblem, check_input
     from minions.task_fields import problems_message, task_field_problems
 
