@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the local CPU build. A bare `torch` requirement could pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[agent,dev,mlx]'
+	$(PY) -m pip install --quiet -e '.[agent,data,dev,mlx]'
 	# MLX's CPU build on Linux, for the MLX parity tests (on a Mac the [mlx] extra runs on the GPU).
 	if [ "$$(uname -s)" = Linux ]; then $(PY) -m pip install --quiet 'mlx[cpu]'; fi
 	touch $(STAMP)
@@ -38,7 +38,7 @@ chaos: install
 
 bench: install
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
-	$(PY) -m pip install --quiet -e '.[agent,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[agent,data,dev,bench]'
 	$(PY) bench/claim.py
 	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
 	$(PY) bench/embed_agent.py

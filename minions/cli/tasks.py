@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -22,11 +23,17 @@ from minions.sdk.progress import ProgressBar
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", help="submit a task from a JSONL file",
+    p = sub.add_parser("submit", help="submit a task from a JSONL or Parquet file",
                        description="Check the JSONL file, upload it under its content hash and submit the task. "
-                                   "Submitting the same file with the same flags again is the same task.")
+                                   "Submitting the same file with the same flags again is the same task. A "
+                                   ".parquet file is read as a table: --text-column and --id-column name its "
+                                   "columns (needs pyarrow: pip install 'minions[data]').")
     connection.add_arguments(p)
-    p.add_argument("file", type=Path, help="JSONL input, one record per line")
+    p.add_argument("file", type=Path, help="JSONL input, one record per line, or a .parquet table")
+    p.add_argument("--text-column", default=None,
+                   help="a .parquet file's column of texts (default: the kind's field: text, prompt, messages, ms)")
+    p.add_argument("--id-column", default="id",
+                   help="a .parquet file's column of record ids (without one: the row number, from 0)")
     p.add_argument("--team", required=True, help="team the task belongs to (required)")
     p.add_argument("--project", required=True, help="project within the team (required)")
     p.add_argument("--name", required=True, help="task name, unique within team/project (required)")
@@ -40,7 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
-    p.set_defaults(handler=client_command(submit))
+    p.set_defaults(handler=client_command(submit_file))
 
     p = sub.add_parser("status", help="tasks as a table, or one task (TEAM/PROJECT/NAME)")
     connection.add_arguments(p)
@@ -60,10 +67,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     p.set_defaults(handler=client_command(wait))
 
-    p = sub.add_parser("results", help="download a task's results (JSONL, input order)")
+    p = sub.add_parser("results", help="download a task's results (JSONL, Parquet or numpy; input order)",
+                       description="The results, one per input record in input order. Exits 1, saying why, "
+                                   "when the task failed or was cancelled (its results are then incomplete).")
     connection.add_arguments(p, json_flag=False)  # results are JSON lines already
     p.add_argument("task", help="TEAM/PROJECT/NAME")
-    p.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="file to write, in the format its extension names: .jsonl, .parquet (a table), .npy (the "
+                        "embeddings as a float32 matrix; failed records NaN) (default: JSONL on stdout)")
     p.add_argument("--partial", action="store_true", help="what is committed so far, before the end")
     p.set_defaults(handler=client_command(results))
 
@@ -128,6 +139,31 @@ async def _existing(client: MinionsClient, team: str, project: str, name: str) -
         if exc.status == 404:
             return None
         raise
+
+
+async def submit_file(args: argparse.Namespace) -> int:
+    """`minions submit`: a JSONL file as it is (`submit`); a .parquet file as the JSONL of its records
+    (checked as they are written), then the same."""
+    from minions.sdk.tables import TableError, is_table
+
+    if not is_table(args.file):
+        if args.text_column is not None or args.id_column != "id":
+            print("minions: --text-column and --id-column name a .parquet file's columns; a JSONL file's "
+                  "records name their own fields", file=sys.stderr)
+            return 2
+        return await submit(args)
+    if not args.file.is_file():
+        return await submit(args)  # which says so
+    from minions.cli.table_io import parquet_as_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="minions-submit-") as into:
+        try:
+            args.file = await asyncio.to_thread(parquet_as_jsonl, args.file, args.kind, args.id_column,
+                                                args.text_column, Path(into))
+        except (TableError, ImportError, ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            print(f"minions: {args.file}: {exc}; nothing was uploaded", file=sys.stderr)
+            return 2
+        return await submit(args)
 
 
 async def submit(args: argparse.Namespace) -> int:
@@ -276,25 +312,56 @@ def _cli_hint(exc: MinionsError) -> MinionsError:
 
 
 async def results(args: argparse.Namespace) -> int:
+    from minions.cli.table_io import output_problem, why_incomplete
+
     team, project, name = task_path(args.task)
+    if (problem := output_problem(args.output)) is not None:
+        print(f"minions: {problem}", file=sys.stderr)
+        return 2
     async with connection.client_from_args(args) as client:
-        try:
-            if args.output is None:
-                async for chunk in client.results(team, project, name, partial=args.partial):
-                    sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-                return 0
-            lines = 0
-            with args.output.open("wb") as out:
-                async for chunk in client.results(team, project, name, partial=args.partial,
-                                                  progress=_download_progress()):
-                    lines += chunk.count(b"\n")
-                    await asyncio.to_thread(out.write, chunk)
+        task = None if args.partial else await client.task(team, project, name)
+        code = await _download(client, args, team, project, name, None if task is None else task["records"]["total"])
+        if code == 0 and task is not None and task["status"] in ("failed", "cancelled"):
+            print(f"minions: {why_incomplete(task)}", file=sys.stderr)
+            return 1
+        return code
+
+
+async def _download(client: MinionsClient, args: argparse.Namespace, team: str, project: str, name: str,
+                    total: int | None) -> int:
+    if args.output is not None and args.output.suffix.lower() != ".jsonl":
+        from minions.cli.table_io import row_progress
+        from minions.sdk.results import FailedResults
+
+        try:  # a table, or a matrix: failed records are kept, marked (failed, error) or NaN
+            rows = await client.results(f"{team}/{project}/{name}", partial=args.partial).write(
+                args.output, allow_failed=True, progress=row_progress(f"writing {args.output}", total))
         except MinionsError as exc:
             raise _cli_hint(exc) from None
-        except PartCorrupted as exc:  # never written as if whole: the command fails
+        except PartCorrupted as exc:
             raise SystemExit(f"minions: results of {args.task} are corrupted in the store: {exc}") from None
-        print(f"wrote {lines:,} results to {args.output}", file=sys.stderr)
+        except (FailedResults, TypeError, ValueError, ImportError) as exc:
+            print(f"minions: cannot write {args.output}: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {rows:,} results to {args.output}", file=sys.stderr)
+        return 0
+    try:
+        if args.output is None:
+            async for chunk in client.results(team, project, name, partial=args.partial):
+                sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            return 0
+        lines = 0
+        with args.output.open("wb") as out:
+            async for chunk in client.results(team, project, name, partial=args.partial,
+                                              progress=_download_progress()):
+                lines += chunk.count(b"\n")
+                await asyncio.to_thread(out.write, chunk)
+    except MinionsError as exc:
+        raise _cli_hint(exc) from None
+    except PartCorrupted as exc:  # never written as if whole: the command fails
+        raise SystemExit(f"minions: results of {args.task} are corrupted in the store: {exc}") from None
+    print(f"wrote {lines:,} results to {args.output}", file=sys.stderr)
     return 0
 
 

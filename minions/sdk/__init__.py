@@ -13,20 +13,26 @@ from minions.sdk.objects import (
     Task,
     UnknownResult,
 )
-from minions.sdk.sync import SyncMinionsClient
+from minions.sdk.results import FailedResults, Results
+from minions.sdk.sync import SyncMinionsClient, SyncResults
+from minions.sdk.tables import TableError
 
 __all__ = [
     "ApiUnreachable",
     "CompletionResult",
     "EmbeddingResult",
     "FailedRecord",
+    "FailedResults",
     "InputError",
     "MinionsClient",
     "MinionsError",
     "Result",
+    "Results",
     "SleepResult",
     "SubtaskCounts",
     "SyncMinionsClient",
+    "SyncResults",
+    "TableError",
     "Task",
     "UnknownResult",
 ]

@@ -1,11 +1,12 @@
 """An async client of API.md's user endpoints (tasks, results, executors, inputs).
 
 Two layers on one connection:
-- typed, for pipelines: `submit(records, team=…, …)` takes a path, JSONL bytes or an iterable of
-  dicts and returns a `Task`; `wait()` (with a progress bar if asked) and `iter_results()` (one
-  typed result per input record, in input order);
+- typed, for pipelines: `submit(records, team=…, …)` takes a path, JSONL bytes, an iterable of
+  dicts or a table (minions.sdk.tables), checks each record, and returns a `Task`; `wait()` (with a
+  progress bar if asked), `iter_results()` (one typed result per input record, in input order) and
+  `results(task)` (the same as arrays and tables: minions.sdk.results);
 - raw, for tools that print or forward the wire JSON (the CLI's `--json`): `submit(body)`, `task()`,
-  `tasks()`, `cancel()`, `results()` (JSONL chunks), `upload_input()`, `executors()`, `health()`.
+  `tasks()`, `cancel()`, `results(team, project, name)` (JSONL chunks), `upload_input()`, `executors()`, `health()`.
 
 A 503 or 429 is retried after the server's `Retry-After` (backoff when it sends none), as is a
 connection that could not be made; errors come back as `MinionsError` carrying the server's status,
@@ -33,6 +34,8 @@ from minions.sdk.inputs import Body, InputSource, jsonl_body
 from minions.sdk.objects import Result, Task, UnknownResult, result_from_json
 from minions.sdk.parts import Progress, fetch_parts
 from minions.sdk.progress import ProgressBar
+from minions.sdk.results import Results
+from minions.sdk.tables import TableSource, is_table, table_records
 from minions.up_json import read_up_json
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -143,16 +146,22 @@ class MinionsClient:
     async def submit(self, task: Mapping[str, Any]) -> dict[str, Any]: ...
 
     @overload
-    async def submit(self, task: InputSource, *, team: str, project: str, name: str, kind: str,
+    async def submit(self, task: InputSource | TableSource, *, team: str, project: str, name: str, kind: str,
                      model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
-                     subtask_size: int | None = None) -> Task: ...
+                     subtask_size: int | None = None, id_column: str = "id",
+                     text_column: str | None = None) -> Task: ...
 
     async def submit(self, task: Any, *, team: str | None = None, project: str | None = None,
                      name: str | None = None, kind: str | None = None, model: str | None = None,
                      params: Mapping[str, Any] | None = None, priority: int = 0,
-                     subtask_size: int | None = None) -> Any:
-        """`submit(records, team=, project=, name=, kind=, model=…)`: upload the records (a path, JSONL
-        bytes, or an iterable of dicts) and submit a task reading them; the `Task`.
+                     subtask_size: int | None = None, id_column: str = "id",
+                     text_column: str | None = None) -> Any:
+        """`submit(records, team=, project=, name=, kind=, model=…)`: upload the records (a path to
+        JSONL or Parquet, JSONL bytes, an iterable of dicts, a pandas DataFrame, a pyarrow Table or a
+        Hugging Face Dataset) and submit a task reading them; the `Task`. Every record is checked
+        first (InputError naming its line or row; nothing is uploaded then). A table's ids come from
+        `id_column` (default `id`, else the row number) and its texts from `text_column` (default
+        the kind's field: `text`, `prompt`, `messages` or `ms`): minions.sdk.tables.
         `submit(body)`: POST a task body as docs/API.md writes it; the wire JSON."""
         if team is None:
             if not isinstance(task, Mapping):
@@ -163,7 +172,10 @@ class MinionsClient:
             raise TypeError("submit(records, ...) needs team=, project=, name= and kind=")
         if isinstance(task, Mapping):
             raise TypeError("records must be a path, JSONL bytes or an iterable of dicts, not one dict")
-        uri = await self._upload(task)
+        if is_table(task):  # checked row by row as it is read
+            uri = await self._upload(table_records(task, kind, id_column=id_column, text_column=text_column))
+        else:
+            uri = await self._upload(task, kind)
         body: dict[str, Any] = {"team": team, "project": project, "name": name, "kind": kind,
                                 "input": {"uri": uri}, "priority": priority, "params": dict(params or {})}
         if model is not None:
@@ -172,8 +184,8 @@ class MinionsClient:
             body["subtask_size"] = subtask_size
         return Task.from_json(await self._request("POST", "/api/v1/tasks", json=body))
 
-    async def _upload(self, source: InputSource) -> str:
-        body, cleanup = await jsonl_body(source)
+    async def _upload(self, source: InputSource, kind: str | None = None) -> str:
+        body, cleanup = await jsonl_body(source, kind)
         try:
             result = await self._request("POST", "/api/v1/inputs", body=body,
                                          headers={"Content-Type": "application/x-ndjson"})
@@ -251,8 +263,24 @@ class MinionsClient:
         """Delete a finished task; its input and results are then garbage-collected."""
         await self._request("DELETE", f"/api/v1/tasks/{team}/{project}/{name}")
 
-    async def results(self, team: str, project: str, name: str, *, partial: bool = False,
-                      progress: Progress | None = None) -> AsyncIterator[bytes]:
+    @overload
+    def results(self, task: TaskRef, /, *, partial: bool = False) -> Results: ...
+
+    @overload
+    def results(self, team: str, project: str, name: str, /, *, partial: bool = False,
+                progress: Progress | None = None) -> AsyncIterator[bytes]: ...
+
+    def results(self, *task: Any, partial: bool = False, progress: Progress | None = None) -> Any:
+        """`results(task)` (a Task or "team/project/name"): a `Results` (minions.sdk.results), which
+        iterates the typed records and gives `to_numpy()`, `to_arrow()`, `to_pandas()`, `write(path)`.
+        `results(team, project, name)`: the raw JSONL, chunk by chunk (`_result_chunks`)."""
+        if len(task) == 1:
+            return Results(self, task[0], partial=partial)
+        team, project, name = task
+        return self._result_chunks(team, project, name, partial=partial, progress=progress)
+
+    async def _result_chunks(self, team: str, project: str, name: str, *, partial: bool = False,
+                             progress: Progress | None = None) -> AsyncIterator[bytes]:
         """The results, chunk by chunk (JSONL). A compacted task's come as its parts, fetched straight
         from the object store and each verified (minions.sdk.parts; `progress(bytes, total)` follows
         them); otherwise, or for `partial`, the API's stream."""

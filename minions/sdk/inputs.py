@@ -4,6 +4,10 @@ A path is read from disk each time; JSONL bytes are sent as they are; an iterabl
 written once, as JSONL, to a spooled temporary file (in memory up to 8 MiB, on disk past it), so a
 large generator needs neither RAM nor a second pass over the caller's data. File reads and the
 serialisation run in a thread: the event loop never blocks on them.
+
+Given the task's kind, every record is checked first, as the server will check it and as
+`minions submit` does (minions.records): a bad record raises InputError naming its line (or its
+row, for a table: minions.sdk.tables) and nothing is uploaded.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from minions import jsoncodec
+from minions.records import DuplicateIds, find_problem, format_id, parse_line
 
 InputSource = str | os.PathLike[str] | bytes | Iterable[Mapping[str, Any]]
 Body = Callable[[], AsyncIterator[bytes]]
@@ -28,18 +33,45 @@ class InputError(ValueError):
     """The input cannot be sent: no such file, or a record that is not a JSON object."""
 
 
-async def jsonl_body(source: InputSource) -> tuple[Body, Callable[[], None]]:
-    """A factory of the body's chunks (call it once per attempt) and a clean-up to call at the end."""
+async def jsonl_body(source: InputSource, kind: str | None = None) -> tuple[Body, Callable[[], None]]:
+    """A factory of the body's chunks (call it once per attempt) and a clean-up to call at the end.
+    With `kind`, each record is checked for it first (InputError on the first bad one)."""
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
+        if kind is not None:
+            await asyncio.to_thread(_check_lines, iter(data.splitlines(keepends=True)), kind, "the input")
         return _bytes_body(data), _nothing
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         if not await asyncio.to_thread(path.is_file):
             raise InputError(f"no such file: {path}")
+        if kind is not None:
+            await asyncio.to_thread(_check_file, path, kind)
         return _file_body(lambda: path.open("rb"), close=True), _nothing
-    spool = await asyncio.to_thread(_spool, source)
+    spool = await asyncio.to_thread(_spool, source, kind)
     return _file_body(lambda: spool, close=False), spool.close
+
+
+def _check_file(path: Path, kind: str) -> None:
+    with path.open("rb") as f:
+        _check_lines(f, kind, str(path))
+
+
+def _check_lines(lines: Iterator[bytes] | IO[bytes], kind: str, where: str) -> None:
+    """Each JSONL line checked as the splitter will: InputError naming the first bad line."""
+    ids = DuplicateIds()
+    records = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record_id, problem = parse_line(kind, line)
+        if problem is not None:
+            raise InputError(f"{where} line {number}: {problem}; nothing was uploaded")
+        if ids.seen(record_id):
+            raise InputError(f"{where} line {number}: duplicate id {format_id(record_id)}; nothing was uploaded")
+        records += 1
+    if records == 0:
+        raise InputError(f"{where}: no records (one JSON object per line)")
 
 
 def _bytes_body(data: bytes) -> Body:
@@ -62,13 +94,25 @@ def _file_body(open_file: Callable[[], IO[bytes]], *, close: bool) -> Body:
     return chunks
 
 
-def _spool(records: Iterable[Mapping[str, Any]]) -> IO[bytes]:
+def _spool(records: Iterable[Mapping[str, Any]], kind: str | None = None) -> IO[bytes]:
     spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)
+    ids = DuplicateIds()
     try:
         for number, record in enumerate(records, 1):
             if not isinstance(record, Mapping):
                 raise InputError(f"record {number} is a {type(record).__name__}, not a dict")
+            if kind is not None:
+                problem = find_problem(kind, record)
+                if problem is not None:
+                    field, reason = problem
+                    raise InputError(f"record {number}: {field + ': ' if field else ''}{reason}; "
+                                     "nothing was uploaded")
+                if ids.seen(record.get("id")):
+                    raise InputError(f"record {number}: duplicate id {format_id(record.get('id'))}; "
+                                     "nothing was uploaded")
             spool.write(jsoncodec.dumps_line(dict(record)))
+        if kind is not None and len(ids) == 0:
+            raise InputError("no records to submit")
     except BaseException:
         spool.close()
         raise

@@ -13,11 +13,19 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
 
 from minions.sdk.client import MinionsClient, TaskRef, connection_settings, task_parts
 from minions.sdk.inputs import InputSource
 from minions.sdk.objects import Result, Task
+from minions.sdk.results import Results
+from minions.sdk.tables import TableSource
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 T = TypeVar("T")
 RESULTS_PER_HOP = 1000  # results handed from the loop's thread to the caller's at a time
@@ -67,13 +75,15 @@ class SyncMinionsClient:
         self._loop.run(self._client.close())
         self._loop.stop()
 
-    def submit(self, records: InputSource, *, team: str, project: str, name: str, kind: str,
+    def submit(self, records: InputSource | TableSource, *, team: str, project: str, name: str, kind: str,
                model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
-               subtask_size: int | None = None) -> Task:
-        """Upload `records` (a path, JSONL bytes or an iterable of dicts) and submit a task on them."""
+               subtask_size: int | None = None, id_column: str = "id", text_column: str | None = None) -> Task:
+        """Upload `records` (a JSONL or Parquet path, JSONL bytes, an iterable of dicts, a DataFrame,
+        an Arrow table or a Hugging Face Dataset), each checked first, and submit a task on them."""
         return self._loop.run(self._client.submit(records, team=team, project=project, name=name, kind=kind,
                                                   model=model, params=params, priority=priority,
-                                                  subtask_size=subtask_size))
+                                                  subtask_size=subtask_size, id_column=id_column,
+                                                  text_column=text_column))
 
     def get_task(self, ref: TaskRef) -> Task:
         return self._loop.run(self._client.get_task(ref))
@@ -93,6 +103,11 @@ class SyncMinionsClient:
         finally:
             self._loop.run(results.aclose())
 
+    def results(self, ref: TaskRef, *, partial: bool = False) -> SyncResults:
+        """The task's results: iterate the typed records, or `to_numpy()`, `to_arrow()`,
+        `to_pandas()`, `write(path)` (minions.sdk.results)."""
+        return SyncResults(self, self._client.results(ref, partial=partial), ref, partial)
+
     def cancel(self, ref: TaskRef) -> Task:
         async def cancel() -> Task:
             return Task.from_json(await self._client.cancel(*task_parts(ref)))
@@ -100,6 +115,36 @@ class SyncMinionsClient:
 
     def executors(self, team: str | None = None) -> list[dict[str, Any]]:
         return self._loop.run(self._client.executors(team))
+
+
+class SyncResults:
+    """`Results` (minions.sdk.results) without `async`: the same methods, blocking."""
+
+    def __init__(self, owner: SyncMinionsClient, results: Results, ref: TaskRef, partial: bool) -> None:
+        self._owner = owner
+        self._results = results
+        self._ref = ref
+        self._partial = partial
+
+    @property
+    def failed(self) -> np.ndarray[Any, np.dtype[np.bool_]] | None:
+        """After a to_* call with allow_failed: True where a record failed."""
+        return self._results.failed
+
+    def __iter__(self) -> Iterator[Result]:
+        return self._owner.iter_results(self._ref, partial=self._partial)
+
+    def to_numpy(self, *, allow_failed: bool = False) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return self._owner._loop.run(self._results.to_numpy(allow_failed=allow_failed))
+
+    def to_arrow(self, *, allow_failed: bool = False) -> pa.Table:
+        return self._owner._loop.run(self._results.to_arrow(allow_failed=allow_failed))
+
+    def to_pandas(self, *, allow_failed: bool = False) -> pd.DataFrame:
+        return self._owner._loop.run(self._results.to_pandas(allow_failed=allow_failed))
+
+    def write(self, path: str | os.PathLike[str], *, allow_failed: bool = False) -> int:
+        return self._owner._loop.run(self._results.write(path, allow_failed=allow_failed))
 
 
 async def _next_batch(results: AsyncIterator[Result]) -> list[Result]:
