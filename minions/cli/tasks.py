@@ -13,7 +13,7 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.cli import connection
-from minions.cli.client_command import client_command
+from minions.cli.client_command import Interrupted, client_command
 from minions.cli.times import shown_time
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
@@ -173,7 +173,8 @@ async def submit(args: argparse.Namespace) -> int:
             _print_warnings(task)
         if args.wait:
             # --json --wait: one JSON document, the task as it ended.
-            return await wait_with_progress(client, args.team, args.project, args.name, 0.5, quiet=args.json)
+            return await wait_with_progress(client, args.team, args.project, args.name, 0.5, quiet=args.json,
+                                            warned=bool(_warnings(task)))
         if args.json:
             print(jsoncodec.dumps_str(task))
     return 0
@@ -234,9 +235,11 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 
 async def wait_with_progress(client: MinionsClient, team: str, project: str, name: str, interval: float,
-                *, quiet: bool = False) -> int:
-    bar = ProgressBar(f"{team}/{project}/{name}")
-    warned = False
+                *, quiet: bool = False, warned: bool = False) -> int:
+    """Polls the task until it ends, a progress bar meanwhile; a warning (no executor serves it) is
+    said once, and not at all when the caller said it already (`warned`)."""
+    ref = f"{team}/{project}/{name}"
+    bar = ProgressBar(ref)
     try:
         while True:
             task = await client.task(team, project, name)
@@ -248,6 +251,11 @@ async def wait_with_progress(client: MinionsClient, team: str, project: str, nam
             if task["status"] in FINISHED_TASK_STATUSES:
                 break
             await asyncio.sleep(interval)
+    except asyncio.CancelledError:
+        # Ctrl-C (asyncio.run cancels the command): only the waiting stops. Said after the bar is gone.
+        bar.finish()
+        raise Interrupted(f"stopped waiting; {ref} keeps running. Wait again: `minions wait {ref}`; "
+                          f"cancel it: `minions cancel {ref}`") from None
     finally:
         bar.finish()
     if quiet:

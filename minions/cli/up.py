@@ -20,6 +20,7 @@ from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.logging import configure
 from minions.private_files import DIR_MODE, make_private_dir, tighten
+from minions.redaction import redact
 from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
@@ -27,11 +28,18 @@ SETTINGS = config.names_for(config.UP)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="run everything locally: database, store, services, agents")
+    p = sub.add_parser("up", help="run everything locally: database, store, services, agents",
+                       description="Run Minions on this machine with no setup: an embedded PostgreSQL (unless "
+                                   "--database-url points at one), a local folder as object store, the API, "
+                                   "splitter and watchdog, and --executors local agents. It says `ready` once the "
+                                   "API answers and every local agent has registered; state lives in --data-dir, "
+                                   "so a restart keeps the queue and the results. Ctrl-C stops everything.")
     config.add_arguments(p, SETTINGS)
     p.add_argument("--data-dir", type=Path, default=Path(".minions"),
                    help="state folder: database, store, logs, up.json (default ./.minions)")
     p.add_argument("--executors", type=int, default=0, help="local agents to start (default 0)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="API processes serving the one port (default: env MINIONS_API_WORKERS, else one per core)")
     p.add_argument("--executor-arg", action="append", default=[],
                    help="extra argument for each local agent (repeatable), e.g. --executor-arg=--kind=sleep")
     p.add_argument("--sample", action="store_true",
@@ -46,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     os.umask(0o077)
     configure("up", for_terminal=True)
     settings = config.from_args(args)
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit("minions up: --workers must be 1 or more")
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
     if settings.db_port and settings.database_url:
@@ -101,8 +111,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         env = _service_env(settings, database_url, store, api_url)
 
         # The API serves the socket bound above (restarts included): see instance.bind_listener.
-        # One API worker per core (services/api/prefork.py), unless MINIONS_API_WORKERS says otherwise.
-        workers = os.environ.get("MINIONS_API_WORKERS") or str(os.cpu_count() or 1)
+        # One API worker per core (services/api/prefork.py), unless --workers / MINIONS_API_WORKERS say otherwise.
+        workers = str(args.workers or os.environ.get("MINIONS_API_WORKERS") or os.cpu_count() or 1)
         await supervisor.start("api", "minions.services.api", ["--workers", workers],
                                {**env, "MINIONS_LISTEN_FD": str(listen_fd)}, pass_fds=(listen_fd,))
         await supervisor.start("splitter", "minions.services.splitter", [], env)
@@ -121,7 +131,7 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         _write_json(data_dir / "up.json", info)
         # Also where clients look from any folder (XDG state dir): the latest `minions up` wins.
         up_json.publish_up_json(data_dir, info)
-        print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
+        print(f"Minions is up.\n  API:       {api_url}\n  database:  {redact(database_url)}\n  store:     {store}\n"
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
               flush=True)

@@ -2,7 +2,9 @@
 
 It runs an async `MinionsClient` on an event loop of its own, in a background thread. That is
 what makes it work in Jupyter too, whose own loop already runs in the main thread (where
-`asyncio.run` would refuse). Ctrl-C while waiting cancels the call on the loop.
+`asyncio.run` would refuse). Ctrl-C while waiting cancels the call on the loop; in `wait` it raises
+`WaitInterrupted`, a KeyboardInterrupt whose message says that the task keeps running and how to
+wait again or cancel it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from minions.sdk.client import MinionsClient, TaskRef, connection_settings, task_parts
+from minions.sdk.client import MinionsClient, TaskRef, WaitInterrupted, connection_settings, task_parts
 from minions.sdk.inputs import InputSource
 from minions.sdk.objects import Result, Task
 
@@ -80,9 +82,13 @@ class SyncMinionsClient:
 
     def wait(self, ref: TaskRef, *, progress: bool = False, interval_s: float = 0.5,
              timeout_s: float | None = None) -> Task:
-        """The task once it has ended; with `progress`, a progress bar on stderr meanwhile."""
-        return self._loop.run(self._client.wait(ref, progress=progress, interval_s=interval_s,
-                                                timeout_s=timeout_s))
+        """The task once it has ended; with `progress`, a progress bar on stderr meanwhile. Ctrl-C (or
+        a notebook's interrupt) stops the waiting, not the task: `WaitInterrupted`, which says so."""
+        try:
+            return self._loop.run(self._client.wait(ref, progress=progress, interval_s=interval_s,
+                                                    timeout_s=timeout_s))
+        except KeyboardInterrupt:
+            raise WaitInterrupted("/".join(task_parts(ref))) from None
 
     def iter_results(self, ref: TaskRef, *, partial: bool = False) -> Iterator[Result]:
         """One typed result per input record, in input order, streamed."""
