@@ -250,6 +250,12 @@ class MinionsClient:
         result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/cancel")
         return result
 
+    async def retry(self, team: str, project: str, name: str) -> dict[str, Any]:
+        """Run a failed task's failed subtasks again (its committed results stay); the task, running again.
+        MinionsError 409 `task_not_failed` for a task that is not failed."""
+        result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/retry")
+        return result
+
     async def verify(self, team: str, project: str, name: str, *, every: bool = False,
                      verify_name: str | None = None) -> dict[str, Any]:
         """Run a finished task's results again as a task of their own (`{"task", "subtasks"}`; task

@@ -47,7 +47,7 @@ class _LoopThread:
 
 class SyncMinionsClient:
     """The same calls as `MinionsClient`'s typed layer, blocking: `submit`, `get_task`, `wait`,
-    `iter_results`, `cancel`, `executors`. Use as `with SyncMinionsClient.from_env() as minions:`."""
+    `iter_results`, `cancel`, `retry`, `executors`. Use as `with SyncMinionsClient.from_env() as minions:`."""
 
     def __init__(self, api_url: str, token: str, **kwargs: Any) -> None:
         self._loop = _LoopThread()
@@ -103,6 +103,12 @@ class SyncMinionsClient:
         async def cancel() -> Task:
             return Task.from_json(await self._client.cancel(*task_parts(ref)))
         return self._loop.run(cancel())
+
+    def retry(self, ref: TaskRef) -> Task:
+        """Run a failed task's failed subtasks again; its committed results stay. `wait` for it again."""
+        async def retry() -> Task:
+            return Task.from_json(await self._client.retry(*task_parts(ref)))
+        return self._loop.run(retry())
 
     def executors(self, team: str | None = None) -> list[dict[str, Any]]:
         return self._loop.run(self._client.executors(team))
