@@ -21,6 +21,7 @@ from minions.embedded_pg import EmbeddedPostgres
 from minions.logging import configure
 from minions.private_files import DIR_MODE, make_private_dir, tighten
 from minions.redaction import redact
+from minions.sdk import MinionsClient
 from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
@@ -121,6 +122,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
 
         # No local agent, no executor token: nothing would use it.
         executor_token = await _executor_token(data_dir, database_url) if args.executors > 0 else ""
+        agent_names = [f"local-{i + 1}" for i in range(args.executors)]
+        before = await _registrations(api_url, admin_token, agent_names)
         for i in range(args.executors):
             # The machine's owner started these by hand: the idle/power/thermal policy is off.
             agent_args = ["--name", f"local-{i + 1}", "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
@@ -135,6 +138,12 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
               flush=True)
+        # Ready means a task submitted now finds its executors: each local agent has registered (after
+        # loading its models, which it does first), so nothing says "no online executor" meanwhile.
+        agents = await _wait_registered(api_url, admin_token, before, supervisor)
+        for agent in agents:
+            print(f"  {describe_agent(agent)}")
+        print("ready", flush=True)
         if args.sample:
             from minions.cli.sample_run import run_sample
 
@@ -149,6 +158,56 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         await supervisor.stop()
         if pg is not None:
             await asyncio.to_thread(pg.stop)
+
+
+REGISTER_POLL_S = 0.5
+STILL_WAITING_S = 30.0  # how often a slow registration is said again
+ONLINE = ("idle", "busy")  # an executor's status in GET /api/v1/executors once it registered and beats
+
+
+async def _registrations(api_url: str, token: str, names: list[str]) -> dict[str, str | None]:
+    """Each name's `registered_at` as the API has it now (None: never registered): a local agent has
+    registered in this run once its row says otherwise, and it is online."""
+    if not names:
+        return {}
+    async with MinionsClient(api_url, token) as client:
+        rows = {e["name"]: e for e in await client.executors()}
+    return {name: rows[name]["registered_at"] if name in rows else None for name in names}
+
+
+async def _wait_registered(api_url: str, token: str, before: dict[str, str | None],
+                           supervisor: Supervisor) -> list[dict[str, Any]]:
+    """The executors' rows of the local agents once every one has registered in this run."""
+    if not before:
+        return []
+    print(f"waiting for {len(before)} local agent(s) to load their models and register ...", flush=True)
+    waited = 0.0
+    async with MinionsClient(api_url, token) as client:
+        while True:
+            rows = {e["name"]: e for e in await client.executors()}
+            ready = [rows[n] for n in before
+                     if n in rows and rows[n]["status"] in ONLINE and rows[n]["registered_at"] != before[n]]
+            if len(ready) == len(before):
+                return ready
+            await asyncio.sleep(REGISTER_POLL_S)
+            waited += REGISTER_POLL_S
+            if waited % STILL_WAITING_S < REGISTER_POLL_S:
+                late = [n for n in before if n not in {r["name"] for r in ready}]
+                print(f"still waiting for {', '.join(late)} to register (see {supervisor.log_dir}/agent-*.log)",
+                      flush=True)
+
+
+def describe_agent(executor: dict[str, Any]) -> str:
+    """"local-1: cpu, bf16, batch 32 (sentence-transformers/all-MiniLM-L6-v2); kinds: embedding, sleep":
+    the device, then per model loaded the precision and batch size it chose, then the kinds it takes."""
+    hardware = executor.get("hardware") or {}
+    loaded = []
+    for p in hardware.get("precision") or ():
+        batch = f", batch {p['batch_size']}" if p.get("batch_size") else ""
+        loaded.append(f", {p['precision']}{batch} ({p['model']})")
+    return (f"{executor['name']}: {hardware.get('device', '?')}{''.join(loaded)}; "
+            f"kinds: {', '.join(executor['kinds'])}"
+            + (f"; models: {', '.join(executor['models'])}" if executor.get("models") and not loaded else ""))
 
 
 def _host(host: str) -> str:

@@ -114,3 +114,36 @@ async def test_the_sdk_wait_interrupted_says_the_task_keeps_running(cli: Cli) ->
     assert "interrupted: True stopped waiting for search/ranker/w-2; the task keeps running" in out, out
     assert "client.cancel('search/ranker/w-2')" in out, out
     assert "then: queued" in out or "then: submitted" in out, out
+
+
+async def test_a_true_warning_is_said_once_however_long_the_wait(cli: Cli) -> None:
+    """`submit --wait` of a task no executor serves: the warning once (not again from the wait, nor
+    at every poll), while the progress lines go on until the task ends (here: cancelled)."""
+    (cli.cwd / "t.jsonl").write_text('{"id": 1, "text": "hello"}\n')
+    process = _start(cli, "submit", "t.jsonl", "--team", "search", "--project", "ranker", "--name", "w-3",
+                     "--kind", "embedding", "--model", "no/such-model", "--wait")
+    assert process.stderr is not None
+    try:
+        seen: list[str] = []
+        while not any("search/ranker/w-3 [" in line for line in seen):  # its first progress line
+            line = process.stderr.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+        for _ in range(2):  # meanwhile the wait polls on (every 0.5 s), the warning still in each answer
+            status = await cli.run("status", "search/ranker/w-3")
+            assert "warning: no online executor" in status.stdout, status.stdout
+        cancelled = await cli.run("cancel", "search/ranker/w-3")
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    said = "".join(seen) + err
+    assert said.count("warning: no online executor serves embedding with model no/such-model") == 1, said
+    assert process.returncode == 1 and "cancelled" in out, out
+
+
+def _start(cli: Cli, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "minions.cli.main", *args], cwd=cli.cwd, env=cli.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
