@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("minions.cli.tasks", "wait for a task with a progress bar, then summarise it"),
     "results": ("minions.cli.tasks", "download a task's results (JSONL, input order)"),
     "cancel": ("minions.cli.tasks", "cancel a task"),
+    "retry": ("minions.cli.tasks", "run a failed task's failed subtasks again (its results so far stay)"),
     "executors": ("minions.cli.tasks", "executors as a table, with the models each serves"),
     "executor": ("minions.cli.tasks", "one executor: executor release ID lifts its quarantine (admin)"),
     "env": ("minions.cli.env", "print the export lines that point clients at the running `minions up`"),

@@ -1,4 +1,4 @@
-"""Client commands: submit, status, wait, results, cancel, executors."""
+"""Client commands: submit, status, wait, results, cancel, retry, executors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from minions import jsoncodec
 from minions.cli import connection
-from minions.cli.client_command import client_command
+from minions.cli.client_command import Interrupted, client_command
 from minions.cli.times import shown_time
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
@@ -47,6 +47,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
+    p.add_argument("--replace", action="store_true",
+                   help="a task of this name goes first, its results with it (cancelled if it runs, then "
+                        "deleted); this one takes its name")
     p.set_defaults(handler=client_command(submit_file))
 
     p = sub.add_parser("status", help="tasks as a table, or one task (TEAM/PROJECT/NAME)")
@@ -82,6 +85,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     connection.add_arguments(p)
     p.add_argument("task", help="TEAM/PROJECT/NAME")
     p.set_defaults(handler=client_command(cancel))
+
+    p = sub.add_parser("retry", help="run a failed task's failed subtasks again (its results so far stay)",
+                       description="Put a failed task's failed subtasks back in the queue, each with a fresh "
+                                   "budget of attempts; the results it committed stay. The task runs again under "
+                                   "its name: `minions wait` it, or pass --wait.")
+    connection.add_arguments(p)
+    p.add_argument("task", help="TEAM/PROJECT/NAME")
+    p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
+    p.set_defaults(handler=client_command(retry))
 
     p = sub.add_parser("executors", help="executors as a table, with the models each serves")
     connection.add_arguments(p)
@@ -194,9 +206,15 @@ async def submit(args: argparse.Namespace) -> int:
         return 2
     async with connection.client_from_args(args) as client:
         existing = await _existing(client, args.team, args.project, args.name)
+        if existing is not None and args.replace:
+            await _replace(client, existing)
+            existing = None
         if existing is not None and not (existing["input_uri"] or "").endswith(f"/{checked.sha256}.jsonl"):
-            print(f"minions: task {args.team}/{args.project}/{args.name} exists with another input; "
-                  "choose another --name (nothing was uploaded)", file=sys.stderr)
+            ref = f"{args.team}/{args.project}/{args.name}"
+            print(f"minions: task {ref} exists with another input (nothing was uploaded): choose another --name, "
+                  f"or pass --replace (the old task and its results go)"
+                  + (f", or `minions retry {ref}` to run its failed subtasks again" if existing["status"] == "failed"
+                     else ""), file=sys.stderr)
             return 1
         # The same file is the same object (uploaded under its SHA-256), so the same command again
         # is the same request: the server answers with the task (200), not a conflict.
@@ -209,10 +227,23 @@ async def submit(args: argparse.Namespace) -> int:
             _print_warnings(task)
         if args.wait:
             # --json --wait: one JSON document, the task as it ended.
-            return await wait_with_progress(client, args.team, args.project, args.name, 0.5, quiet=args.json)
+            return await wait_with_progress(client, args.team, args.project, args.name, 0.5, quiet=args.json,
+                                            warned=bool(_warnings(task)))
         if args.json:
             print(jsoncodec.dumps_str(task))
     return 0
+
+
+async def _replace(client: MinionsClient, task: dict[str, Any]) -> None:
+    """The task goes before its successor takes the name: cancelled if it has not ended, then deleted
+    with its subtasks, so none of its results can be read again (the new task has another id, and
+    every output key carries it); its objects are the garbage collector's."""
+    ref = f"{task['team']}/{task['project']}/{task['name']}"
+    if task["status"] not in FINISHED_TASK_STATUSES:
+        await client.cancel(task["team"], task["project"], task["name"])
+    await client.delete(task["team"], task["project"], task["name"])
+    print(f"replacing {ref}: the old task ({task['status']}, {task['records']['done']:,} records done) and its "
+          "results are deleted", file=sys.stderr)
 
 
 def _row(task: dict[str, Any]) -> list[str]:
@@ -270,9 +301,11 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 
 async def wait_with_progress(client: MinionsClient, team: str, project: str, name: str, interval: float,
-                *, quiet: bool = False) -> int:
-    bar = ProgressBar(f"{team}/{project}/{name}")
-    warned = False
+                *, quiet: bool = False, warned: bool = False) -> int:
+    """Polls the task until it ends, a progress bar meanwhile; a warning (no executor serves it) is
+    said once, and not at all when the caller said it already (`warned`)."""
+    ref = f"{team}/{project}/{name}"
+    bar = ProgressBar(ref)
     try:
         while True:
             task = await client.task(team, project, name)
@@ -284,6 +317,11 @@ async def wait_with_progress(client: MinionsClient, team: str, project: str, nam
             if task["status"] in FINISHED_TASK_STATUSES:
                 break
             await asyncio.sleep(interval)
+    except asyncio.CancelledError:
+        # Ctrl-C (asyncio.run cancels the command): only the waiting stops. Said after the bar is gone.
+        bar.finish()
+        raise Interrupted(f"stopped waiting; {ref} keeps running. Wait again: `minions wait {ref}`; "
+                          f"cancel it: `minions cancel {ref}`") from None
     finally:
         bar.finish()
     if quiet:
@@ -387,6 +425,22 @@ async def cancel(args: argparse.Namespace) -> int:
     async with connection.client_from_args(args) as client:
         task = await client.cancel(*task_path(args.task))
         print(jsoncodec.dumps_str(task) if args.json else f"{args.task}: {task['status']}")
+    return 0
+
+
+async def retry(args: argparse.Namespace) -> int:
+    team, project, name = task_path(args.task)
+    async with connection.client_from_args(args) as client:
+        task = await client.retry(team, project, name)
+        if not args.json:
+            print(f"{args.task}: {task['status']} again; {task['subtasks']['pending']} failed subtask(s) back in "
+                  "the queue, its committed results kept")
+            _print_warnings(task)
+        if args.wait:
+            return await wait_with_progress(client, team, project, name, 0.5, quiet=args.json,
+                                            warned=bool(_warnings(task)))
+        if args.json:
+            print(jsoncodec.dumps_str(task))
     return 0
 
 

@@ -20,6 +20,8 @@ from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
 from minions.logging import configure
 from minions.private_files import DIR_MODE, make_private_dir, tighten
+from minions.redaction import redact
+from minions.sdk import MinionsClient
 from minions.sdk.health import wait_until_healthy
 from minions.tokens import new_token
 
@@ -27,11 +29,18 @@ SETTINGS = config.names_for(config.UP)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="run everything locally: database, store, services, agents")
+    p = sub.add_parser("up", help="run everything locally: database, store, services, agents",
+                       description="Run Minions on this machine with no setup: an embedded PostgreSQL (unless "
+                                   "--database-url points at one), a local folder as object store, the API, "
+                                   "splitter and watchdog, and --executors local agents. It says `ready` once the "
+                                   "API answers and every local agent has registered; state lives in --data-dir, "
+                                   "so a restart keeps the queue and the results. Ctrl-C stops everything.")
     config.add_arguments(p, SETTINGS)
     p.add_argument("--data-dir", type=Path, default=Path(".minions"),
                    help="state folder: database, store, logs, up.json (default ./.minions)")
     p.add_argument("--executors", type=int, default=0, help="local agents to start (default 0)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="API processes serving the one port (default: env MINIONS_API_WORKERS, else one per core)")
     p.add_argument("--executor-arg", action="append", default=[],
                    help="extra argument for each local agent (repeatable), e.g. --executor-arg=--kind=sleep")
     p.add_argument("--sample", action="store_true",
@@ -46,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     os.umask(0o077)
     configure("up", for_terminal=True)
     settings = config.from_args(args)
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit("minions up: --workers must be 1 or more")
     if args.sample and args.executors < 1:
         raise SystemExit("minions up: --sample needs at least one local executor (--executors 1)")
     if settings.db_port and settings.database_url:
@@ -101,8 +112,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         env = _service_env(settings, database_url, store, api_url)
 
         # The API serves the socket bound above (restarts included): see instance.bind_listener.
-        # One API worker per core (services/api/prefork.py), unless MINIONS_API_WORKERS says otherwise.
-        workers = os.environ.get("MINIONS_API_WORKERS") or str(os.cpu_count() or 1)
+        # One API worker per core (services/api/prefork.py), unless --workers / MINIONS_API_WORKERS say otherwise.
+        workers = str(args.workers or os.environ.get("MINIONS_API_WORKERS") or os.cpu_count() or 1)
         await supervisor.start("api", "minions.services.api", ["--workers", workers],
                                {**env, "MINIONS_LISTEN_FD": str(listen_fd)}, pass_fds=(listen_fd,))
         await supervisor.start("splitter", "minions.services.splitter", [], env)
@@ -111,6 +122,8 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
 
         # No local agent, no executor token: nothing would use it.
         executor_token = await _executor_token(data_dir, database_url) if args.executors > 0 else ""
+        agent_names = [f"local-{i + 1}" for i in range(args.executors)]
+        before = await _registrations(api_url, admin_token, agent_names)
         for i in range(args.executors):
             # The machine's owner started these by hand: the idle/power/thermal policy is off.
             agent_args = ["--name", f"local-{i + 1}", "--no-idle-check", "--no-ac-check", "--no-thermal-check"]
@@ -121,10 +134,16 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         _write_json(data_dir / "up.json", info)
         # Also where clients look from any folder (XDG state dir): the latest `minions up` wins.
         up_json.publish_up_json(data_dir, info)
-        print(f"Minions is up.\n  API:       {api_url}\n  database:  {database_url}\n  store:     {store}\n"
+        print(f"Minions is up.\n  API:       {api_url}\n  database:  {redact(database_url)}\n  store:     {store}\n"
               f"  admin token: {admin_token}\n  executors: {args.executors} local\n"
               f"  logs:      {data_dir / 'logs'}\n  (written to {data_dir / 'up.json'}; Ctrl-C stops)",
               flush=True)
+        # Ready means a task submitted now finds its executors: each local agent has registered (after
+        # loading its models, which it does first), so nothing says "no online executor" meanwhile.
+        agents = await _wait_registered(api_url, admin_token, before, supervisor)
+        for agent in agents:
+            print(f"  {describe_agent(agent)}")
+        print("ready", flush=True)
         if args.sample:
             from minions.cli.sample_run import run_sample
 
@@ -139,6 +158,56 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
         await supervisor.stop()
         if pg is not None:
             await asyncio.to_thread(pg.stop)
+
+
+REGISTER_POLL_S = 0.5
+STILL_WAITING_S = 30.0  # how often a slow registration is said again
+ONLINE = ("idle", "busy")  # an executor's status in GET /api/v1/executors once it registered and beats
+
+
+async def _registrations(api_url: str, token: str, names: list[str]) -> dict[str, str | None]:
+    """Each name's `registered_at` as the API has it now (None: never registered): a local agent has
+    registered in this run once its row says otherwise, and it is online."""
+    if not names:
+        return {}
+    async with MinionsClient(api_url, token) as client:
+        rows = {e["name"]: e for e in await client.executors()}
+    return {name: rows[name]["registered_at"] if name in rows else None for name in names}
+
+
+async def _wait_registered(api_url: str, token: str, before: dict[str, str | None],
+                           supervisor: Supervisor) -> list[dict[str, Any]]:
+    """The executors' rows of the local agents once every one has registered in this run."""
+    if not before:
+        return []
+    print(f"waiting for {len(before)} local agent(s) to load their models and register ...", flush=True)
+    waited = 0.0
+    async with MinionsClient(api_url, token) as client:
+        while True:
+            rows = {e["name"]: e for e in await client.executors()}
+            ready = [rows[n] for n in before
+                     if n in rows and rows[n]["status"] in ONLINE and rows[n]["registered_at"] != before[n]]
+            if len(ready) == len(before):
+                return ready
+            await asyncio.sleep(REGISTER_POLL_S)
+            waited += REGISTER_POLL_S
+            if waited % STILL_WAITING_S < REGISTER_POLL_S:
+                late = [n for n in before if n not in {r["name"] for r in ready}]
+                print(f"still waiting for {', '.join(late)} to register (see {supervisor.log_dir}/agent-*.log)",
+                      flush=True)
+
+
+def describe_agent(executor: dict[str, Any]) -> str:
+    """"local-1: cpu, bf16, batch 32 (sentence-transformers/all-MiniLM-L6-v2); kinds: embedding, sleep":
+    the device, then per model loaded the precision and batch size it chose, then the kinds it takes."""
+    hardware = executor.get("hardware") or {}
+    loaded = []
+    for p in hardware.get("precision") or ():
+        batch = f", batch {p['batch_size']}" if p.get("batch_size") else ""
+        loaded.append(f", {p['precision']}{batch} ({p['model']})")
+    return (f"{executor['name']}: {hardware.get('device', '?')}{''.join(loaded)}; "
+            f"kinds: {', '.join(executor['kinds'])}"
+            + (f"; models: {', '.join(executor['models'])}" if executor.get("models") and not loaded else ""))
 
 
 def _host(host: str) -> str:

@@ -1,7 +1,7 @@
 """The Python SDK: `MinionsClient` (async) and `SyncMinionsClient` (scripts, notebooks) of the user
 API, with typed tasks and results."""
 
-from minions.sdk.client import ApiUnreachable, MinionsClient, MinionsError
+from minions.sdk.client import ApiUnreachable, MinionsClient, MinionsError, WaitInterrupted
 from minions.sdk.inputs import InputError
 from minions.sdk.objects import (
     CompletionResult,
@@ -35,4 +35,5 @@ __all__ = [
     "TableError",
     "Task",
     "UnknownResult",
+    "WaitInterrupted",
 ]

@@ -62,6 +62,17 @@ class ApiUnreachable(ConnectionError):
         self.reason = reason
 
 
+class WaitInterrupted(KeyboardInterrupt):
+    """Ctrl-C (a notebook's "interrupt the kernel") while waiting for a task: the waiting stopped, the
+    task did not. A KeyboardInterrupt still, so whatever catches those catches this; its message, the
+    last line a notebook shows, says how to wait again or cancel."""
+
+    def __init__(self, task: str) -> None:
+        super().__init__(f"stopped waiting for {task}; the task keeps running. Wait again: "
+                         f"client.wait({task!r}); cancel it: client.cancel({task!r})")
+        self.task = task
+
+
 class MinionsClient:
     def __init__(self, api_url: str, token: str, *, timeout_s: float = 60.0, retries: int = 8,
                  on_unreachable: Callable[[ApiUnreachable, float], None] | None = None) -> None:
@@ -204,18 +215,20 @@ class MinionsClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         team, project, name = task_parts(ref)
         bar = ProgressBar(f"{team}/{project}/{name}") if progress else None
-        while True:
-            raw = await self.task(team, project, name)
-            if bar is not None:
-                bar.update(raw)
-            task = Task.from_json(raw)
-            if task.finished:
+        try:
+            while True:
+                raw = await self.task(team, project, name)
                 if bar is not None:
-                    bar.finish()
-                return task
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"task {task.ref} is still {task.status} after {timeout_s} s")
-            await asyncio.sleep(interval_s)
+                    bar.update(raw)
+                task = Task.from_json(raw)
+                if task.finished:
+                    return task
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"task {task.ref} is still {task.status} after {timeout_s} s")
+                await asyncio.sleep(interval_s)
+        finally:  # ended, timed out or cancelled: the bar's live display stops with the wait
+            if bar is not None:
+                bar.finish()
 
     async def iter_results(self, ref: TaskRef, *, partial: bool = False) -> AsyncGenerator[Result, None]:
         """One typed result per input record, in input order (a `FailedRecord` for a record that
@@ -247,6 +260,12 @@ class MinionsClient:
 
     async def cancel(self, team: str, project: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/cancel")
+        return result
+
+    async def retry(self, team: str, project: str, name: str) -> dict[str, Any]:
+        """Run a failed task's failed subtasks again (its committed results stay); the task, running again.
+        MinionsError 409 `task_not_failed` for a task that is not failed."""
+        result: dict[str, Any] = await self._request("POST", f"/api/v1/tasks/{team}/{project}/{name}/retry")
         return result
 
     async def verify(self, team: str, project: str, name: str, *, every: bool = False,

@@ -2,7 +2,9 @@
 
 It runs an async `MinionsClient` on an event loop of its own, in a background thread. That is
 what makes it work in Jupyter too, whose own loop already runs in the main thread (where
-`asyncio.run` would refuse). Ctrl-C while waiting cancels the call on the loop.
+`asyncio.run` would refuse). Ctrl-C while waiting cancels the call on the loop; in `wait` it raises
+`WaitInterrupted`, a KeyboardInterrupt whose message says that the task keeps running and how to
+wait again or cancel it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from minions.sdk.client import MinionsClient, TaskRef, connection_settings, task_parts
+from minions.sdk.client import MinionsClient, TaskRef, WaitInterrupted, connection_settings, task_parts
 from minions.sdk.inputs import InputSource
 from minions.sdk.objects import Result, Task
 from minions.sdk.results import Results
@@ -53,7 +55,7 @@ class _LoopThread:
 
 class SyncMinionsClient:
     """The same calls as `MinionsClient`'s typed layer, blocking: `submit`, `get_task`, `wait`,
-    `iter_results`, `cancel`, `executors`. Use as `with SyncMinionsClient.from_env() as minions:`."""
+    `iter_results`, `cancel`, `retry`, `executors`. Use as `with SyncMinionsClient.from_env() as minions:`."""
 
     def __init__(self, api_url: str, token: str, **kwargs: Any) -> None:
         self._loop = _LoopThread()
@@ -90,9 +92,13 @@ class SyncMinionsClient:
 
     def wait(self, ref: TaskRef, *, progress: bool = False, interval_s: float = 0.5,
              timeout_s: float | None = None) -> Task:
-        """The task once it has ended; with `progress`, a progress bar on stderr meanwhile."""
-        return self._loop.run(self._client.wait(ref, progress=progress, interval_s=interval_s,
-                                                timeout_s=timeout_s))
+        """The task once it has ended; with `progress`, a progress bar on stderr meanwhile. Ctrl-C (or
+        a notebook's interrupt) stops the waiting, not the task: `WaitInterrupted`, which says so."""
+        try:
+            return self._loop.run(self._client.wait(ref, progress=progress, interval_s=interval_s,
+                                                    timeout_s=timeout_s))
+        except KeyboardInterrupt:
+            raise WaitInterrupted("/".join(task_parts(ref))) from None
 
     def iter_results(self, ref: TaskRef, *, partial: bool = False) -> Iterator[Result]:
         """One typed result per input record, in input order, streamed."""
@@ -112,6 +118,12 @@ class SyncMinionsClient:
         async def cancel() -> Task:
             return Task.from_json(await self._client.cancel(*task_parts(ref)))
         return self._loop.run(cancel())
+
+    def retry(self, ref: TaskRef) -> Task:
+        """Run a failed task's failed subtasks again; its committed results stay. `wait` for it again."""
+        async def retry() -> Task:
+            return Task.from_json(await self._client.retry(*task_parts(ref)))
+        return self._loop.run(retry())
 
     def executors(self, team: str | None = None) -> list[dict[str, Any]]:
         return self._loop.run(self._client.executors(team))

@@ -548,7 +548,9 @@ def _paths() -> dict[str, Schema]:
                          "its team's uploads and inline inputs, or s3:// prefixes an operator allowed for the "
                          "team (`minions team allow-input`); or a user's `priority` above the team's priority "
                          "cap (`priority_above_cap`, the cap in the message); nothing is created.",
-                    e409="A different task of that name exists (`task_exists`).",
+                    e409="A different task of that name exists (`task_exists`); the message says what to do: "
+                         "another name, a retry of a failed one, or delete it (what `minions submit "
+                         "--replace` does) and submit again.",
                     e422="Invalid values, each named in `fields`.",
                 ),
             },
@@ -601,6 +603,20 @@ def _paths() -> dict[str, Schema]:
                                "or completion. Cancelling a cancelled task answers 200 again.",
                 "responses": _responses(_ok(_ref("Task"), "The task, cancelled."), _AUTHED, **task_errors,
                                         e409="The task already completed or failed (`task_finished`)."),
+            },
+        },
+        "/api/v1/tasks/{team}/{project}/{name}/retry": {
+            "parameters": _TASK_PATH,
+            "post": {
+                "operationId": "retryTask",
+                "tags": ["tasks"],
+                "summary": "Run a failed task's failed subtasks again",
+                "description": "Its failed subtasks go back to the queue, each with a fresh budget of the "
+                               "task's `max_attempts`; its committed results stay. The task is `running` again "
+                               "(`queued` if nothing of it was ever claimed) until it ends anew.",
+                "responses": _responses(_ok(_ref("Task"), "The task, running again."), _AUTHED, **task_errors,
+                                        e409="The task is not failed (`task_not_failed`), or failed with no "
+                                             "failed subtask, its input unsplittable (`nothing_to_retry`)."),
             },
         },
         "/api/v1/tasks/{team}/{project}/{name}/verify": {

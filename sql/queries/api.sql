@@ -294,3 +294,6 @@ SELECT s.team, s.weight, s.priority_cap, s.max_leases, s.updated_at
 -- The team's share after the change (a NULL keeps that value), or no row when no token, task or
 -- executor names the team; a value out of bounds is a check_violation naming its constraint.
 SELECT team, weight, priority_cap, max_leases, updated_at FROM minion_set_team_share($1, $2, $3, $4);
+
+-- name: retry_task
+SELECT verdict, subtasks FROM minion_retry_task($1);

@@ -72,7 +72,7 @@ async def test_readme_using_it_verbatim(tmp_path: Path) -> None:
     try:
         async def is_up() -> bool:
             assert up.poll() is None, up_log.read_text()
-            return "Minions is up" in up_log.read_text()
+            return "\nready\n" in up_log.read_text()  # its agent registered: the first submit finds it
 
         await eventually(is_up, "minions up", timeout_s=180, interval_s=0.5)
         outputs: dict[str, str] = {}
@@ -80,6 +80,7 @@ async def test_readme_using_it_verbatim(tmp_path: Path) -> None:
             result = await asyncio.to_thread(_shell, line, second_terminal, env)
             assert result.returncode == 0, f"`{line}` exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
             assert "Warning" not in result.stderr, result.stderr
+            assert "no online executor" not in result.stderr, result.stderr  # up was ready: its agent serves
             outputs[line.split()[1] if line.startswith("minions ") else line] = result.stdout + result.stderr
 
         assert "completed: 2/2 records" in outputs["submit"], outputs["submit"]

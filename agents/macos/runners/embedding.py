@@ -65,6 +65,7 @@ class EmbeddingRunner:
         # memory matters more than the load time of a second model).
         self._loaded: _Loaded | None = None
         self._choices: dict[str, precision.Choice] = {}  # per model, kept after it is unloaded
+        self._batch_sizes: dict[str, int] = {}  # per model: the batch size chosen at its load
         self._identities = ModelIdentities("transformers")
 
     def precision_choices(self) -> list[precision.Choice]:
@@ -72,7 +73,9 @@ class EmbeddingRunner:
         return list(self._choices.values())
 
     def precision_reports(self) -> list[dict[str, Any]]:
-        return [{**choice.to_json(), "backend": "torch"} for choice in self._choices.values()]
+        return [{**choice.to_json(), "backend": "torch",
+                 **({"batch_size": self._batch_sizes[m]} if m in self._batch_sizes else {})}
+                for m, choice in self._choices.items()]
 
     def unload(self) -> None:
         """Drop the loaded model (backend_choice.py, when MLX serves it instead). Blocking."""
@@ -214,5 +217,6 @@ class EmbeddingRunner:
             torch, settings.device, lambda texts: embed(precise, texts), settings.mps_memory_fraction, stopped
         )
         self._choices[name] = choice
+        self._batch_sizes[name] = sizing.batch_size
         self._loaded = _Loaded(name, tokenizer, precise, accepted, choice, sizing.batch_size)
         return self._loaded

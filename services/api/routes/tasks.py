@@ -1,4 +1,4 @@
-"""Tasks: submit, list, show, cancel, results; and inputs for clients without an S3 of their own."""
+"""Tasks: submit, list, show, cancel, retry, results; and inputs for clients without an S3 of their own."""
 
 from __future__ import annotations
 
@@ -157,7 +157,9 @@ async def _resubmitted(request: web.Request, task: TaskRequest, existing: Any) -
     """Idempotent submission: the same body again returns the task; a different one is a conflict."""
     if existing["request_hash"] != task.request_hash:
         raise conflict("task_exists",
-                       f"task {task.team}/{task.project}/{task.name} exists with a different definition")
+                       f"task {task.team}/{task.project}/{task.name} exists with a different definition: submit "
+                       "under another name; if it failed, retry it (POST …/retry, `minions retry`); or delete it "
+                       "first, its results with it (`minions submit --replace` does)")
     row = await request.app[POOL].fetchrow(Q.task_by_id, existing["id"])
     return json_response(task_object(row, request.app[STORE]), 200)
 
@@ -246,6 +248,29 @@ async def cancel_task(request: web.Request) -> web.Response:
             raise conflict("task_finished", f"task is already {row['status']}; only a running task can be "
                                             "cancelled")
     log.info("task_cancelled", task_id=row["id"])
+    return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
+
+
+@routes.post("/api/v1/tasks/{team}/{project}/{name}/retry")
+async def retry_task(request: web.Request) -> web.Response:
+    """A failed task's failed subtasks run again, each with a fresh budget of attempts; its committed
+    results stay (sql/schema/04_tasks.sql, minion_retry_task)."""
+    principal = require(request, "user")
+    row = await task_row(request, principal)
+    pool = request.app[POOL]
+    ref = f"{row['team']}/{row['project']}/{row['name']}"
+    verdict, subtasks = await pool.fetchrow(Q.retry_task, row["id"])
+    if verdict == "missing":
+        raise not_found(f"task {ref}")
+    if verdict == "not_failed":
+        status = (await pool.fetchrow(Q.task_by_id, row["id"]))["status"]
+        raise conflict("task_not_failed", f"task {ref} is {status}; only a failed task can be retried"
+                       + (" (it has not ended: wait for it)" if status not in FINISHED_TASK_STATUSES else ""))
+    if verdict == "nothing_to_retry":
+        raise conflict("nothing_to_retry", f"task {ref} failed with no failed subtask to run again "
+                                           f"({row['error'] or 'its input could not be split'}); fix its input "
+                                           "and submit it again (`minions submit --replace`)")
+    log.info("task_retried", task_id=row["id"], subtasks=subtasks)
     return json_response(task_object(await pool.fetchrow(Q.task_by_id, row["id"]), request.app[STORE]))
 
 
