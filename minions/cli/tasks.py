@@ -8,7 +8,6 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from minions.cli.times import shown_time
 from minions.kinds import FINISHED_TASK_STATUSES, KINDS, TASK_STATUSES
 from minions.sdk import MinionsClient, MinionsError
 from minions.sdk.parts import PartCorrupted
-from minions.sdk.progress import ProgressBar
+from minions.sdk.progress import ProgressBar, task_seconds
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -294,12 +293,6 @@ async def wait(args: argparse.Namespace) -> int:
         return await wait_with_progress(client, *task_path(args.task), args.interval, quiet=args.json)
 
 
-def _seconds_between(start: str | None, end: str | None) -> float | None:
-    if not start or not end:
-        return None
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
 async def wait_with_progress(client: MinionsClient, team: str, project: str, name: str, interval: float,
                 *, quiet: bool = False, warned: bool = False) -> int:
     """Polls the task until it ends, a progress bar meanwhile; a warning (no executor serves it) is
@@ -329,7 +322,7 @@ async def wait_with_progress(client: MinionsClient, team: str, project: str, nam
     else:
         records = task["records"]
         # The task's own duration (first claim to end), not how long this command watched it.
-        duration = _seconds_between(task["started_at"] or task["created_at"], task["finished_at"])
+        duration = task_seconds(task)
         seconds = duration if duration is not None else bar.elapsed
         rate = records["done"] / seconds if seconds > 0 else 0.0
         print(f"{task['status']}: {records['done']:,}/{records['total']:,} records in "
