@@ -38,11 +38,13 @@ chaos: install
 
 bench: install
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
-	$(PY) -m pip install --quiet -e '.[agent,data,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[agent,data,dev,mlx,bench]'
 	$(PY) bench/claim.py
 	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
 	$(PY) bench/embed_agent.py
 	$(PY) bench/complete_agent.py
+	# torch against MLX per model (on Linux MLX's CPU build: parity, not speed; see BENCHMARKS.md)
+	$(PY) bench/backends.py --rounds 3
 	$(PY) bench/churn.py
 	$(PY) bench/verify_output.py
 	$(PY) bench/inline_submit.py
