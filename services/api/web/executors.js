@@ -74,7 +74,9 @@ export function executorsView(ctx) {
     if (!chosen.length) return null;
     const cosine = (p) => (typeof p.cosine === "number" ? p.cosine.toFixed(5) : "?");
     const engine = (p) => [p.backend, p.precision, p.quantization].filter(Boolean).join(" ") || "not served";
-    const detail = (p) => [`${p.model}: ${engine(p)} (${p.setting || "auto"}), cosine to fp32 ${cosine(p)}`,
+    // weights: how they are held for that precision (fp32 under autocast, or cast), from agents that say.
+    const held = (p) => (p.weights ? `, ${p.weights === "autocast" ? "fp32 weights under autocast" : `${p.weights} weights`}` : "");
+    const detail = (p) => [`${p.model}: ${engine(p)} (${p.setting || "auto"}${held(p)}), cosine to fp32 ${cosine(p)}`,
       p.why ? `  ${p.why}` : null, p.rejected ? `  not used: ${p.rejected}` : null].filter(Boolean).join("\n");
     return h("div.cell-sub.precision", { title: chosen.map(detail).join("\n") },
       chosen.map((p) => `${engine(p)} · cos ${cosine(p)}`).join(", "));
