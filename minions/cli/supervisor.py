@@ -31,6 +31,7 @@ class Child:
     log_path: Path
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
+    last_code: int | None = None  # the exit status of its latest death (None: it has not died)
     started_at: float = 0.0  # time.monotonic() of the latest spawn
     stopping: bool = False
     log: ChildLog | None = field(default=None, repr=False)
@@ -80,6 +81,7 @@ class Supervisor:
             assert child.process is not None
             code = await child.process.wait()
             ran_s = time.monotonic() - child.started_at
+            child.last_code = code
             await self._drain(child)
             if self._stopping or child.stopping:
                 return

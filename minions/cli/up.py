@@ -140,7 +140,11 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
               flush=True)
         # Ready means a task submitted now finds its executors: each local agent has registered (after
         # loading its models, which it does first), so nothing says "no online executor" meanwhile.
-        agents = await _wait_registered(api_url, admin_token, before, supervisor)
+        try:
+            agents = await _wait_registered(api_url, admin_token, before, supervisor)
+        except AgentCrashLoop as exc:
+            print(f"minions up: {exc}", file=sys.stderr, flush=True)
+            return 1
         for agent in agents:
             print(f"  {describe_agent(agent)}")
         print("ready", flush=True)
@@ -162,6 +166,14 @@ async def _up(args: argparse.Namespace, settings: config.Settings, data_dir: Pat
 
 REGISTER_POLL_S = 0.5
 STILL_WAITING_S = 30.0  # how often a slow registration is said again
+# A local agent that died this often before it registered will not (a bad --executor-arg, a model
+# it cannot load): up says why and stops rather than wait forever while the supervisor restarts it.
+GIVE_UP_AFTER_EXITS = 3
+LOG_LINES_SHOWN = 5
+
+
+class AgentCrashLoop(Exception):
+    """A local agent keeps exiting before it registers; the message quotes its log."""
 ONLINE = ("idle", "busy")  # an executor's status in GET /api/v1/executors once it registered and beats
 
 
@@ -189,12 +201,31 @@ async def _wait_registered(api_url: str, token: str, before: dict[str, str | Non
                      if n in rows and rows[n]["status"] in ONLINE and rows[n]["registered_at"] != before[n]]
             if len(ready) == len(before):
                 return ready
+            _check_not_crash_looping([n for n in before if n not in {r["name"] for r in ready}], supervisor)
             await asyncio.sleep(REGISTER_POLL_S)
             waited += REGISTER_POLL_S
             if waited % STILL_WAITING_S < REGISTER_POLL_S:
                 late = [n for n in before if n not in {r["name"] for r in ready}]
                 print(f"still waiting for {', '.join(late)} to register (see {supervisor.log_dir}/agent-*.log)",
                       flush=True)
+
+
+def _check_not_crash_looping(waiting_for: list[str], supervisor: Supervisor) -> None:
+    """Raises AgentCrashLoop for the first of `waiting_for` (local-N, run as child agent-N) that has
+    exited GIVE_UP_AFTER_EXITS times, with its exit status and the last lines of its log."""
+    for name in waiting_for:
+        child = supervisor.children.get(f"agent-{name.removeprefix('local-')}")
+        if child is None or child.restarts < GIVE_UP_AFTER_EXITS:
+            continue
+        try:
+            with child.log_path.open("rb") as f:  # its last few KiB: a log may be megabytes
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                tail = f.read().decode(errors="replace").splitlines()[-LOG_LINES_SHOWN:]
+        except OSError:
+            tail = []
+        quoted = "".join(f"\n    {line}" for line in tail)
+        raise AgentCrashLoop(f"{name} exited {child.restarts} times before it registered (last exit status "
+                             f"{child.last_code}); the end of {child.log_path}:{quoted or ' (empty)'}")
 
 
 def describe_agent(executor: dict[str, Any]) -> str:

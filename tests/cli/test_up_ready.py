@@ -70,3 +70,25 @@ async def test_up_is_ready_once_its_agent_registered_and_the_first_submit_does_n
     finally:
         up.terminate()
         await asyncio.to_thread(up.communicate, timeout=120)
+
+
+async def test_up_stops_saying_why_when_its_agent_exits_before_it_registers(tmp_path: Path) -> None:
+    """An agent that cannot start (here an argument it does not know) is restarted by the supervisor
+    forever; `up` must not wait for it forever: after a few exits it quotes the agent's log and stops."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1",
+           "MINIONS_API_WORKERS": "1"}
+    for name in ("MINIONS_DATABASE_URL", "MINIONS_STORE", "MINIONS_PORT", "MINIONS_ADMIN_TOKEN", "MINIONS_TOKEN",
+                 "MINIONS_API_URL"):
+        env.pop(name, None)
+    up = _up(tmp_path, env, "--data-dir", str(tmp_path / "data"), "--port", str(free_port()), "--executors", "1",
+             "--executor-arg=--no-such-flag")
+    try:
+        output, _ = await asyncio.to_thread(up.communicate, timeout=180)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1, output
+    assert "local-1 exited 3 times before it registered (last exit status 2)" in output, output
+    assert "--no-such-flag" in output, output  # the agent's own complaint, quoted from its log
+    assert "ready" not in output.splitlines(), output
+    assert "stopping ..." in output, output  # the services it started are stopped in order
