@@ -16,7 +16,7 @@ import pytest
 from minions import jsoncodec
 from minions.db.migrate import migrate
 from minions.embedded_pg import EmbeddedPostgres
-from minions.sdk import FailedRecord, MinionsClient, SleepResult, SyncMinionsClient, Task
+from minions.sdk import FailedRecord, InputError, MinionsClient, MinionsError, SleepResult, SyncMinionsClient, Task
 from minions.testing.factories import make_tokens
 from minions.testing.processes import Services
 from minions.testing.sleep_executor import SleepExecutor
@@ -141,3 +141,29 @@ async def test_a_503_is_retried_after_the_servers_retry_after(own_postgres: Embe
     times = [datetime.fromisoformat(a["timestamp"]) for a in attempts]
     gaps = [(b - a).total_seconds() for a, b in pairwise(times)]
     assert all(gap >= 1.9 for gap in gaps), gaps  # the API said Retry-After: 2; the backoff alone is shorter
+
+
+async def test_submit_replace_takes_the_name_from_a_task_that_runs_and_its_results_go(
+        sleep_cluster: tuple[Services, str]) -> None:
+    services, admin = sleep_cluster
+    async with MinionsClient(services.api_url, admin) as client:
+        old = await client.submit([{"id": i, "ms": 100} for i in range(10)], team="search", project="sdk",
+                                  name="again", kind="sleep", subtask_size=1)
+        with pytest.raises(MinionsError) as taken:
+            await client.submit(_records("n", 3), team="search", project="sdk", name="again", kind="sleep")
+        assert taken.value.code == "task_exists"
+        # A bad record is refused before anything happens to the old task.
+        with pytest.raises(InputError):
+            await client.submit([{"id": 1}], team="search", project="sdk", name="again", kind="sleep", replace=True)
+        assert (await client.get_task(old.ref)).input_uri == old.input_uri
+
+        new = await client.submit(_records("n", 3), team="search", project="sdk", name="again", kind="sleep",
+                                  replace=True)
+        assert new.input_uri != old.input_uri and new.created_at != old.created_at
+        task = await client.wait(new, interval_s=0.1, timeout_s=60)
+        assert task.status == "completed"
+        assert [r async for r in client.iter_results(task)] == [SleepResult(r["id"], 1) for r in _records("n", 3)]  # type: ignore[arg-type]
+        # Nothing to replace: the same as a plain submit.
+        fresh = await client.submit(_records("f", 1), team="search", project="sdk", name="fresh", kind="sleep",
+                                    replace=True)
+        assert fresh.ref == "search/sdk/fresh"

@@ -238,9 +238,7 @@ async def _replace(client: MinionsClient, task: dict[str, Any]) -> None:
     with its subtasks, so none of its results can be read again (the new task has another id, and
     every output key carries it); its objects are the garbage collector's."""
     ref = f"{task['team']}/{task['project']}/{task['name']}"
-    if task["status"] not in FINISHED_TASK_STATUSES:
-        await client.cancel(task["team"], task["project"], task["name"])
-    await client.delete(task["team"], task["project"], task["name"])
+    await client.discard(task["team"], task["project"], task["name"])
     print(f"replacing {ref}: the old task ({task['status']}, {task['records']['done']:,} records done) and its "
           "results are deleted", file=sys.stderr)
 

@@ -29,6 +29,7 @@ import aiohttp
 
 from minions import config, jsoncodec
 from minions.backoff import Backoff
+from minions.kinds import FINISHED_TASK_STATUSES
 from minions.retry_after import retry_after_s
 from minions.sdk.inputs import Body, InputSource, jsonl_body
 from minions.sdk.objects import Result, Task, UnknownResult, result_from_json
@@ -160,19 +161,20 @@ class MinionsClient:
     async def submit(self, task: InputSource | TableSource, *, team: str, project: str, name: str, kind: str,
                      model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
                      subtask_size: int | None = None, id_column: str = "id",
-                     text_column: str | None = None) -> Task: ...
+                     text_column: str | None = None, replace: bool = False) -> Task: ...
 
     async def submit(self, task: Any, *, team: str | None = None, project: str | None = None,
                      name: str | None = None, kind: str | None = None, model: str | None = None,
                      params: Mapping[str, Any] | None = None, priority: int = 0,
                      subtask_size: int | None = None, id_column: str = "id",
-                     text_column: str | None = None) -> Any:
+                     text_column: str | None = None, replace: bool = False) -> Any:
         """`submit(records, team=, project=, name=, kind=, model=…)`: upload the records (a path to
         JSONL or Parquet, JSONL bytes, an iterable of dicts, a pandas DataFrame, a pyarrow Table or a
         Hugging Face Dataset) and submit a task reading them; the `Task`. Every record is checked
         first (InputError naming its line or row; nothing is uploaded then). A table's ids come from
         `id_column` (default `id`, else the row number) and its texts from `text_column` (default
-        the kind's field: `text`, `prompt`, `messages` or `ms`): minions.sdk.tables.
+        the kind's field: `text`, `prompt`, `messages` or `ms`): minions.sdk.tables. With `replace`,
+        a task of this name goes first, once the records are uploaded (`discard`).
         `submit(body)`: POST a task body as docs/API.md writes it; the wire JSON."""
         if team is None:
             if not isinstance(task, Mapping):
@@ -193,6 +195,8 @@ class MinionsClient:
             body["model"] = model
         if subtask_size is not None:
             body["subtask_size"] = subtask_size
+        if replace:
+            await self.discard(team, project, name)
         return Task.from_json(await self._request("POST", "/api/v1/tasks", json=body))
 
     async def _upload(self, source: InputSource, kind: str | None = None) -> str:
@@ -281,6 +285,21 @@ class MinionsClient:
     async def delete(self, team: str, project: str, name: str) -> None:
         """Delete a finished task; its input and results are then garbage-collected."""
         await self._request("DELETE", f"/api/v1/tasks/{team}/{project}/{name}")
+
+    async def discard(self, team: str, project: str, name: str) -> dict[str, Any] | None:
+        """Make way for a new task of this name: the task is cancelled if it has not ended, then
+        deleted with its subtasks, so none of its results can be read again (a successor has another
+        id, and every output key carries it). The task as it was before, or None if there was none."""
+        try:
+            task = await self.task(team, project, name)
+        except MinionsError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if task["status"] not in FINISHED_TASK_STATUSES:
+            await self.cancel(team, project, name)
+        await self.delete(team, project, name)
+        return task
 
     @overload
     def results(self, task: TaskRef, /, *, partial: bool = False) -> Results: ...

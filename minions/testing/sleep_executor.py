@@ -75,7 +75,10 @@ class SleepExecutor:
         output = b"".join(out)
         if not self.inline_output:
             async with session.put(yarl.URL(sub["output"]["url"], encoded=True), data=output) as resp:
-                assert resp.status == 200
+                if resp.status == 403:  # lease_ended: cancelled (or its task replaced) while it slept
+                    self.refused += 1
+                    return
+                assert resp.status == 200, f"output PUT: {resp.status} {await resp.text()}"
         await self.complete(session, token, sub, len(records), started,
                             output if self.inline_output else None)
 
@@ -88,7 +91,7 @@ class SleepExecutor:
         else:
             async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
                                    headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
-                assert resp.status in (200, 206)
+                assert resp.status in (200, 206), f"input GET: {resp.status}"
                 data = await resp.read()
         lines = [line for line in data.splitlines() if line.strip()]
         records = [jsoncodec.loads(line) for line in lines]
@@ -97,14 +100,14 @@ class SleepExecutor:
 
     async def complete(self, session: aiohttp.ClientSession, token: str, sub: dict[str, Any], records: int,
                        started: float, output: bytes | None = None) -> None:
-        """Commit the lease (`output`: carried inline); a refusal (409: the lease is gone) is counted,
-        not raised."""
+        """Commit the lease (`output`: carried inline); a refusal (409: the lease is gone; 404: its task
+        was deleted, as `submit --replace` does) is counted, not raised."""
         body: dict[str, Any] = {"records": records, "seconds": time.monotonic() - started}
         if output is not None:
             body["output"] = output.decode()
         async with session.post(f"{self.api_url}/api/v1/leases/{token}/complete", headers=self._headers(),
                                 json=body) as resp:
-            if resp.status == 409:
+            if resp.status in (404, 409):
                 self.refused += 1
                 return
             assert resp.status == 200, await resp.text()
