@@ -85,6 +85,12 @@ class ReplicatedServices(Services):
                 raise AssertionError(f"api-{i} never became healthy:\n{self.running[f'api-{i}'].log()[-3000:]}")
         await self.wait_healthy()
 
+    async def wait_healthy(self, timeout: float = 30) -> None:
+        """Healthy through the balancer; else what HAProxy said (a port another process took between
+        free_port() and its bind, most often), not the single-API log this class does not have."""
+        if not await wait_until_healthy(self.api_url, timeout):
+            raise AssertionError(f"the API never became healthy through HAProxy:\n{self.logs()[-3000:]}")
+
     def stop_all(self) -> None:
         super().stop_all()
         if self.balancer:
