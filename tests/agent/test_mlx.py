@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from minions.agents.macos.runners.mlx_setup import MLXSettings
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
 from tests.agent.factories import subtask
+from tests.support.paths import REPO
 
 MISSING = "MLX is not installed here: pip install 'mlx[cpu]' mlx-lm (Linux) or 'minions[mlx]' (Apple silicon)"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -61,7 +66,8 @@ def embedder(mlx: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def completer(mlx: Any) -> Any:
-    pytest.importorskip("mlx_lm", reason=MISSING)
+    if not mlx_setup.available():
+        pytest.skip(MISSING)
     from minions.agents.macos.runners.mlx_completion import MLXCompletionRunner
 
     return MLXCompletionRunner(MLXSettings())
@@ -284,3 +290,26 @@ def test_a_model_that_is_nowhere_is_retryable_and_a_bad_name_permanent(monkeypat
     assert caught.value.retryable  # an executor that holds it may serve it
     with pytest.raises(PermanentError, match="unknown completion model 'not a valid id!!'"):
         mlx_setup.model_folder("not a valid id!!", "completion")
+
+
+def test_importing_mlx_lm_keeps_the_open_file_limit(mlx: Any) -> None:
+    """mlx_lm.utils sets RLIMIT_NOFILE to (2048, 4096) at import; through import_mlx_lm the process
+    keeps what it had (fresh processes: this one may have imported mlx_lm already)."""
+    if not mlx_setup.available():
+        pytest.skip(MISSING)
+    limits = ("import json, resource; limit = lambda: list(resource.getrlimit(resource.RLIMIT_NOFILE)); "
+              "before = limit(); ")
+    helper = limits + "from minions.agents.macos.runners import mlx_setup; mlx_setup.import_mlx_lm(); "
+    helper += "import mlx_lm.utils; "
+    bare = limits + "import mlx_lm; "
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def before_after(code: str) -> list[list[int]]:
+        run = subprocess.run([sys.executable, "-c", code + "print(json.dumps([before, limit()]))"], env=env,
+                             capture_output=True, text=True, check=True, timeout=120)
+        return json.loads(run.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+    before, after = before_after(helper)
+    assert after == before
+    before, after = before_after(bare)  # what the plain import does, the reason for the helper
+    assert after == before or after == [2048, 4096], (before, after)

@@ -106,6 +106,8 @@ class MLXCompletionRunner:
                      stop: threading.Event | None = None) -> list[list[int]]:
         """The new tokens of each prompt, up to and including its end of sequence."""
         import mlx.core as mx
+
+        mlx_setup.import_mlx_lm()  # first, by the helper that keeps the open-file limit
         from mlx_lm.generate import BatchGenerator
         from mlx_lm.sample_utils import make_sampler
 
@@ -141,8 +143,7 @@ class MLXCompletionRunner:
         mx.clear_cache()
         folder = mlx_setup.model_folder(name, "completion")
         mlx_setup.check_fits(mx, folder, name, self._settings)
-        import mlx_lm
-
+        mlx_lm = mlx_setup.import_mlx_lm()
         try:
             model, tokenizer = mlx_lm.load(str(folder))[:2]
         except (ValueError, OSError, KeyError, FileNotFoundError) as exc:

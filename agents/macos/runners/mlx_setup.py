@@ -57,6 +57,35 @@ def require() -> None:
         raise MLXMissing(f"the mlx backend {MISSING}")
 
 
+def import_mlx_lm() -> Any:
+    """mlx_lm, imported without one side effect: mlx_lm.utils sets the process's open-file limit to
+    (2048, 4096) at import, which lowers it where it was higher (a Linux box's 20,000), and a lowered
+    hard limit cannot be raised again without privileges; every process started after inherits it
+    (the replica drill's HAProxy in the same test run failed so). While it imports, a call to lower
+    the limit keeps the one the process has; one raising the soft limit (macOS starts at 256) is
+    honoured within the hard limit."""
+    import resource
+
+    with _lock:
+        real_setrlimit = resource.setrlimit
+
+        def never_lower(which: int, limits: tuple[int, int]) -> None:
+            if which != resource.RLIMIT_NOFILE:
+                real_setrlimit(which, limits)
+                return
+            soft, hard = resource.getrlimit(which)
+            infinite = resource.RLIM_INFINITY
+            if soft != infinite and limits[0] > soft:
+                real_setrlimit(which, (limits[0] if hard == infinite else min(limits[0], hard), hard))
+
+        resource.setrlimit = never_lower
+        try:
+            import mlx_lm
+        finally:
+            resource.setrlimit = real_setrlimit
+    return mlx_lm
+
+
 def prepare(settings: MLXSettings) -> Any:
     """Import mlx.core (only now) and apply the memory cap, once per process."""
     global _capped
