@@ -118,31 +118,25 @@ def transformers_reference(name: str) -> Callable[[list[str]], Any]:
     return embed
 
 
-class EmbeddingBackends:
-    """The `embedding` kind served by torch or MLX per model (see the module's docstring)."""
+class _Backends:
+    """What both kinds share: one inference thread for both engines' runners, the choice per model
+    (`choose`, each kind's own), and the calls routed to the chosen engine's runner."""
 
-    kind = "embedding"
+    _thread: InferenceThread
+    _torch: Any
+    _mlx: Any
 
-    def __init__(self, torch_settings: TorchSettings, mlx_settings: MLXSettings) -> None:
-        self._thread = InferenceThread("embedding")
-        self._torch = EmbeddingRunner(torch_settings, self._thread)
-        self._mlx = MLXEmbeddingRunner(mlx_settings, self._thread)
-        self._min_cosine = mlx_settings.min_cosine
+    def __init__(self) -> None:
         self._choices = _Choices()
+
+    def choose(self, model: str, stop: threading.Event | None = None) -> str:
+        raise NotImplementedError
 
     def chosen(self, model: str) -> str | None:
         return self._choices.backend.get(model)
 
     async def prepare(self, model_name: str) -> str:
         return await self._thread.call(lambda stop: self.choose(model_name, stop))
-
-    def precision_reports(self) -> list[dict[str, Any]]:
-        reports = []
-        for model, notes in self._choices.notes.items():
-            runner: Any = self._mlx if notes["backend"] == "mlx" else self._torch
-            own = next((r for r in runner.precision_reports() if r["model"] == model), {"model": model})
-            reports.append({**own, **notes})
-        return reports
 
     async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
         on_mlx = [m for m in models if self.chosen(m) == "mlx"]
@@ -155,11 +149,40 @@ class EmbeddingBackends:
         runner: Any = self._mlx if backend == "mlx" else self._torch
         return await runner.run(subtask, records)  # type: ignore[no-any-return]
 
-    async def advertised_models(self) -> list[str]:
-        return [model_paths.MINILM] if model_paths.bundled_minilm_available() else []
-
     async def aclose(self) -> None:
         self._thread.shutdown()
+
+    def _keep_faster(self, model: str, probe: Callable[[Any], Any], stop: threading.Event | None) -> str:
+        """Both engines passed the gate: the one with the lower median over alternating probe rounds
+        is kept, the other's copy of the model dropped."""
+        best, medians = faster({"torch": lambda: probe(self._torch), "mlx": lambda: probe(self._mlx)},
+                               lambda: check_stop(stop))
+        why = f"faster: {', '.join(f'{k} {v:g} ms' for k, v in medians.items())} per probe batch"
+        return self._choices.keep(model, best, why, self._torch if best == "mlx" else self._mlx)
+
+
+class EmbeddingBackends(_Backends):
+    """The `embedding` kind served by torch or MLX per model (see the module's docstring)."""
+
+    kind = "embedding"
+
+    def __init__(self, torch_settings: TorchSettings, mlx_settings: MLXSettings) -> None:
+        super().__init__()
+        self._thread = InferenceThread("embedding")
+        self._torch = EmbeddingRunner(torch_settings, self._thread)
+        self._mlx = MLXEmbeddingRunner(mlx_settings, self._thread)
+        self._min_cosine = mlx_settings.min_cosine
+
+    def precision_reports(self) -> list[dict[str, Any]]:
+        reports = []
+        for model, notes in self._choices.notes.items():
+            runner: Any = self._mlx if notes["backend"] == "mlx" else self._torch
+            own = next((r for r in runner.precision_reports() if r["model"] == model), {"model": model})
+            reports.append({**own, **notes})
+        return reports
+
+    async def advertised_models(self) -> list[str]:
+        return [model_paths.MINILM] if model_paths.bundled_minilm_available() else []
 
     def choose(self, model: str, stop: threading.Event | None = None) -> str:
         """The engine for `model`, measured at its first call. Blocking: on the inference thread."""
@@ -189,13 +212,7 @@ class EmbeddingBackends:
                 raise RunnerError(f"embedding model {model!r}: transformers cannot load it and MLX's vectors "
                                   f"cannot be shown within the gate ({refused})") from torch_failed
             return self._choices.keep(model, "torch", "MLX's vectors fail the gate", self._mlx, rejected=refused)
-
-        def run(runner: Any) -> Callable[[], Any]:
-            return lambda: runner.encode(model, texts, params, stop)
-
-        best, medians = faster({"torch": run(self._torch), "mlx": run(self._mlx)}, lambda: check_stop(stop))
-        why = f"faster: {', '.join(f'{k} {v:g} ms' for k, v in medians.items())} per probe batch"
-        return self._choices.keep(model, best, why, self._torch if best == "mlx" else self._mlx)
+        return self._keep_faster(model, lambda runner: runner.encode(model, texts, params, stop), stop)
 
 
 def gate_refusal(report: dict[str, Any], min_cosine: float) -> str | None:
@@ -210,7 +227,7 @@ def gate_refusal(report: dict[str, Any], min_cosine: float) -> str | None:
     return None
 
 
-class CompletionBackends:
+class CompletionBackends(_Backends):
     """The `completion` kind served by transformers or mlx-lm per model (see the module's docstring).
     `models`: the configured models to choose for at start (those on this machine), so that the choice
     is reported at registration; others are measured at their first subtask."""
@@ -218,34 +235,17 @@ class CompletionBackends:
     kind = "completion"
 
     def __init__(self, torch_settings: TorchSettings, mlx_settings: MLXSettings, models: Sequence[str] = ()) -> None:
+        super().__init__()
         self._thread = InferenceThread("completion")
         self._torch = TransformersCompletionRunner(torch_settings, self._thread)
         self._device = torch_settings.device
         self._mlx = MLXCompletionRunner(mlx_settings, self._thread)
         self._models = list(models)
-        self._choices = _Choices()
-
-    def chosen(self, model: str) -> str | None:
-        return self._choices.backend.get(model)
-
-    async def prepare(self, model_name: str) -> str:
-        return await self._thread.call(lambda stop: self.choose(model_name, stop))
 
     def precision_reports(self) -> list[dict[str, Any]]:
         return [{"model": model, "device": self._device if backend == "torch" else "mlx", "cosine": None,
                  "precision": None, "setting": "auto", **self._choices.notes[model]}
                 for model, backend in self._choices.backend.items()]
-
-    async def fingerprints(self, models: Sequence[str]) -> list[dict[str, Any]]:
-        on_mlx = [m for m in models if self.chosen(m) == "mlx"]
-        rest = [m for m in models if m not in on_mlx]
-        return [*(await self._mlx.fingerprints(on_mlx) if on_mlx else []), *await self._torch.fingerprints(rest)]
-
-    async def run(self, subtask: Subtask, records: list[Record]) -> list[Record]:
-        model = require_model(subtask)
-        backend = await self._thread.call(lambda stop: self.choose(model, stop))
-        runner: Any = self._mlx if backend == "mlx" else self._torch
-        return await runner.run(subtask, records)  # type: ignore[no-any-return]
 
     async def advertised_models(self) -> list[str]:
         """The configured models on this machine: a folder, or in the Hugging Face cache."""
@@ -255,9 +255,6 @@ class CompletionBackends:
                     if Path(model_paths.resolve(m)).expanduser().is_dir() or model_paths.fingerprint(m) is not None]
 
         return await asyncio.to_thread(local)
-
-    async def aclose(self) -> None:
-        self._thread.shutdown()
 
     def choose(self, model: str, stop: threading.Event | None = None) -> str:
         """The engine for `model`, measured at its first call. Blocking: on the inference thread."""
@@ -275,11 +272,5 @@ class CompletionBackends:
             log.warning("mlx_tokens_differ", model=model, prompts=differ)
             return self._choices.keep(model, "torch", "MLX's greedy tokens differ from transformers'", self._mlx,
                                       rejected=f"mlx: greedy output differs on {', '.join(differ)}")
-
-        def run(runner: Any) -> Callable[[], Any]:
-            return lambda: runner.generate(model, records, PROBE_COMPLETION, stop)
-
-        best, medians = faster({"torch": run(self._torch), "mlx": run(self._mlx)}, lambda: check_stop(stop))
-        why = f"faster: {', '.join(f'{k} {v:g} ms' for k, v in medians.items())} per probe batch"
-        return self._choices.keep(model, best, why, self._torch if best == "mlx" else self._mlx)
+        return self._keep_faster(model, lambda runner: runner.generate(model, records, PROBE_COMPLETION, stop), stop)
 
