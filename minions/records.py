@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -145,6 +146,29 @@ class DuplicateIds:
 
     def __len__(self) -> int:
         return len(self._digests)
+
+
+class RecordProblem(ValueError):
+    """The first line of a JSONL input the splitter would reject (or no record at all), named."""
+
+
+def check_lines(lines: Iterable[bytes], kind: str, where: str) -> int:
+    """The records in `lines` (blank lines skipped), each checked as the splitter will, ids unique;
+    RecordProblem naming `where` and the line of the first that is not. One streaming pass."""
+    ids = DuplicateIds()
+    records = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record_id, problem = parse_line(kind, line)
+        if problem is not None:
+            raise RecordProblem(f"{where} line {number}: {problem}")
+        if ids.seen(record_id):
+            raise RecordProblem(f"{where} line {number}: duplicate id {format_id(record_id)}")
+        records += 1
+    if records == 0:
+        raise RecordProblem(f"{where}: no records (one JSON object per line)")
+    return records
 
 
 def _joined(problem: tuple[str, str]) -> str:

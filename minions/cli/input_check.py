@@ -5,10 +5,12 @@ same command again is the same task). One streaming pass; runs in a thread."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from minions.records import DuplicateIds, format_id, parse_line
+from minions.records import RecordProblem, check_lines
 
 CHUNK = 1 << 20
 
@@ -26,22 +28,18 @@ class CheckedInput:
 
 def check_input(path: Path, kind: str) -> CheckedInput:
     digest = hashlib.sha256()
-    ids = DuplicateIds()
-    records = size = 0
-    line_number = 0
-    with path.open("rb") as f:
+    size = 0
+
+    def hashed(f: IO[bytes]) -> Iterator[bytes]:
+        nonlocal size
         for line in f:  # lines, however long: the splitter takes any length too
-            line_number += 1
             digest.update(line)
             size += len(line)
-            if not line.strip():
-                continue
-            record_id, problem = parse_line(kind, line)
-            if problem is not None:
-                raise InputProblem(f"{path} line {line_number}: {problem}")
-            if ids.seen(record_id):
-                raise InputProblem(f"{path} line {line_number}: duplicate id {format_id(record_id)}")
-            records += 1
-    if records == 0:
-        raise InputProblem(f"{path}: no records (one JSON object per line)")
+            yield line
+
+    with path.open("rb") as f:
+        try:
+            records = check_lines(hashed(f), kind, str(path))
+        except RecordProblem as exc:
+            raise InputProblem(str(exc)) from None
     return CheckedInput(digest.hexdigest(), records, size)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from minions import jsoncodec
-from minions.records import DuplicateIds, find_problem, format_id, parse_line
+from minions.records import DuplicateIds, RecordProblem, check_lines, find_problem, format_id
 
 InputSource = str | os.PathLike[str] | bytes | Iterable[Mapping[str, Any]]
 Body = Callable[[], AsyncIterator[bytes]]
@@ -57,21 +57,12 @@ def _check_file(path: Path, kind: str) -> None:
         _check_lines(f, kind, str(path))
 
 
-def _check_lines(lines: Iterator[bytes] | IO[bytes], kind: str, where: str) -> None:
+def _check_lines(lines: Iterable[bytes], kind: str, where: str) -> None:
     """Each JSONL line checked as the splitter will: InputError naming the first bad line."""
-    ids = DuplicateIds()
-    records = 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        record_id, problem = parse_line(kind, line)
-        if problem is not None:
-            raise InputError(f"{where} line {number}: {problem}; nothing was uploaded")
-        if ids.seen(record_id):
-            raise InputError(f"{where} line {number}: duplicate id {format_id(record_id)}; nothing was uploaded")
-        records += 1
-    if records == 0:
-        raise InputError(f"{where}: no records (one JSON object per line)")
+    try:
+        check_lines(lines, kind, where)
+    except RecordProblem as exc:
+        raise InputError(f"{exc}; nothing was uploaded") from None
 
 
 def _bytes_body(data: bytes) -> Body:
