@@ -35,6 +35,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from rich.console import Console
 from rich.table import Table
 
+from bench.embed_agent import sentences  # the texts of the embedding figures, 10-40 words
 from minions.agents.macos import hardware
 from minions.agents.macos.runners import mlx_setup, model_paths
 from minions.agents.macos.runners.completion import CompletionParams
@@ -44,18 +45,6 @@ from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
 
 console = Console(stderr=True)
-_WORDS = (
-    "idle laptops embed documents overnight while owners sleep the queue hands each executor a lease "
-    "heartbeats keep it alive results land in object storage exactly once apple silicon shares memory "
-    "between cpu and gpu so batches must stay modest postgres decides who wins every claim"
-).split()
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-    import random
-
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(10, 40))).capitalize() + "." for _ in range(n)]
 
 
 def alternate(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
