@@ -12,6 +12,7 @@ pyarrow is the `data` extra (`pip install 'minions[data]'`), imported only when 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,9 +52,13 @@ def is_table(source: object) -> bool:
     libraries is imported here)."""
     if isinstance(source, str | os.PathLike):
         return Path(source).suffix.lower() in (".parquet", ".pq")
-    kind = type(source)
-    name = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
-    return name in ("pandas.DataFrame", "pyarrow.Table", "pyarrow.RecordBatchReader", "datasets.Dataset")
+    return _type_name(source) in ("pandas.DataFrame", "pyarrow.Table", "pyarrow.RecordBatchReader",
+                                  "datasets.Dataset")
+
+
+def _type_name(source: object) -> str:
+    """`pandas.DataFrame` for a DataFrame: the top package and the class, whatever submodule defines it."""
+    return f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
 
 
 def table_records(source: object, kind: str, *, id_column: str = "id",
@@ -85,7 +90,7 @@ def table_records(source: object, kind: str, *, id_column: str = "id",
         text_type)) else TEXT_FIELD[kind]
     ids = DuplicateIds()
     row = 0
-    for batch in _chain(first, batches):
+    for batch in itertools.chain([first], batches):
         texts = batch.column(text).to_pylist()
         record_ids: list[Any] = (batch.column(id_column).to_pylist() if id_column in names
                                  else list(range(row, row + batch.num_rows)))
@@ -110,11 +115,6 @@ def _reason(where: str, field: str, reason: str, value: object) -> str:
     return f"{where}: {reason}" if where else reason
 
 
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest
-
-
 def _column_names(source: object) -> list[str]:
     if isinstance(source, str | os.PathLike):
         require_pyarrow()
@@ -125,7 +125,7 @@ def _column_names(source: object) -> list[str]:
             raise TableError(f"no such file: {path}")
         return list(pq.ParquetFile(path).schema_arrow.names)
     table: Any = source
-    kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
+    kind = _type_name(source)
     if kind in ("pyarrow.Table", "pyarrow.RecordBatchReader"):
         return list(table.schema.names)
     if kind == "datasets.Dataset":
@@ -145,7 +145,7 @@ def _batches(source: object, wanted: list[str]) -> Iterator[pa.RecordBatch]:
         columns = [name for name in parquet.schema_arrow.names if name in wanted]
         yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns)
         return
-    kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
+    kind = _type_name(source)
     if kind == "pyarrow.Table":
         yield from source.to_batches(max_chunksize=BATCH_ROWS)  # type: ignore[attr-defined]
     elif kind == "pyarrow.RecordBatchReader":
