@@ -12,6 +12,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ MACHINES: list[dict[str, Any]] = [
                                        "device": "mps"}},
     {"name": "gpu-box-7", "hardware": {"os": "Ubuntu 24.04", "chip": "NVIDIA L4", "memory_gb": 24, "device": "cuda",
                                        "precision": [{"model": "all-MiniLM-L6-v2", "device": "cuda",
-                                                      "precision": "fp16", "cosine": 0.99996, "setting": "auto"}]}},
+                                                      "precision": "fp16", "weights": "fp16", "cosine": 0.99996,
+                                                      "setting": "auto"}]}},
 ]
 
 
@@ -271,6 +273,8 @@ async def _executors_page(page: Page) -> None:
     await expect(page.locator("tr[data-executor='anna-mbp']")).to_contain_text("Apple M3 Max")
     await expect(page.locator("tr[data-executor='anna-mbp']")).to_contain_text("search / ranker")
     await expect(page.locator("tr[data-executor='gpu-box-7'] .precision")).to_have_text("fp16 · cos 0.99996")
+    await expect(page.locator("tr[data-executor='gpu-box-7'] .precision")).to_have_attribute(
+        "title", re.compile(r"\(auto, fp16 weights\), cosine to fp32 0\.99996"))
     await expect(page.locator("tr[data-executor='anna-mbp'] .precision")).to_have_text("mlx fp16 · cos 0.99995")
     await expect(page.locator("tr[data-executor='bob-air'] .pill")).to_have_text("lost")
     await expect(page.locator("tbody tr")).to_have_count(4)
