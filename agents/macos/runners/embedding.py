@@ -110,13 +110,6 @@ class EmbeddingRunner:
         return [{"id": r["id"], "embedding": v, "usage": {"prompt_tokens": n}}
                 for r, v, n in zip(records, vectors, tokens, strict=True)]
 
-    def count_tokens(self, model_name: str, texts: list[str], params: EmbeddingParams) -> list[int]:
-        """Tokens each text was embedded from (special tokens included, truncation applied), for
-        `usage` in OpenAI-shaped responses. Blocking: call it on the worker thread."""
-        tokenizer = self._load(model_name).tokenizer
-        encoded = tokenizer(texts, truncation=True, max_length=params.max_length)
-        return [len(ids) for ids in encoded["input_ids"]]
-
     async def advertised_models(self) -> list[str]:
         return [model_paths.MINILM] if model_paths.bundled_minilm_available() else []
 
