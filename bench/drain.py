@@ -115,6 +115,7 @@ from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
 from minions.sdk import MinionsClient  # noqa: E402
 from minions.testing.agents import AgentFleet  # noqa: E402
+from minions.testing.cluster import log_events  # noqa: E402
 from minions.testing.factories import make_executor, make_task, make_token, make_tokens  # noqa: E402
 from minions.testing.processes import Services  # noqa: E402
 
@@ -596,7 +597,7 @@ async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namesp
     conn = await connect(url)
     async with running_services(url, args) as (services, admin_token, executor_token):
         fleet = AgentFleet(services, executor_token)
-        agent = fleet.start("makespan")
+        agent = fleet.start("makespan", *args.makespan_agent_arg)
         try:
             deadline = time.monotonic() + 60
             while not await conn.fetchval("SELECT count(*) FROM executors WHERE name = 'makespan'"):
@@ -608,6 +609,7 @@ async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namesp
             task_id = await submit_sleep_task(services, admin_token, conn, "makespan", records)
             await check_end_state(conn, task_id, args.makespan, wait_s=600)
             print(meter.report("the makespan", args.makespan), flush=True)
+            print(depth_report(agent.log()), flush=True)
             await check_results(services, admin_token, "makespan", records)
             row = await conn.fetchrow(
                 """SELECT extract(epoch FROM t.finished_at - t.created_at) AS makespan,
@@ -621,6 +623,18 @@ async def makespan_run(server: EmbeddedPostgres, url: str, args: argparse.Namesp
             fleet.stop_all()
     await conn.close()
     return float(row["makespan"]), float(row["drain"])
+
+
+def depth_report(log: str) -> str:
+    """The claim-ahead depths the agent chose (its `claim_depth` log lines) and the figures the last
+    one came from: what the pipeline was allowed to hold while the device ran."""
+    chosen = log_events(log, "claim_depth")
+    if not chosen:
+        return "#   claim depth: never logged"
+    last = chosen[-1]
+    return (f"#   claim depth: {' -> '.join(str(e['leases']) for e in chosen[-8:])} "
+            f"(last: low water {last.get('low_water')}, run {last['run_s']} s, round trip {last['round_trip_s']} s "
+            f"of which claim {last.get('claim_s')} s and fetch {last.get('fetch_s')} s, cap {last['cap']})")
 
 
 async def makespan_all(server: EmbeddedPostgres, args: argparse.Namespace) -> list[tuple[float, float]]:
@@ -724,6 +738,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--makespan", type=int, default=2000,
                    help="one agent process drains this many one-record sleep subtasks (0: skip)")
     p.add_argument("--makespan-ms", type=int, default=5, help="each makespan subtask sleeps this long")
+    p.add_argument("--makespan-agent-arg", action="append", default=[], metavar="ARG",
+                   help="an argument for the makespan's agent, e.g. --makespan-agent-arg=--max-leases=16 "
+                        "(repeatable)")
     p.add_argument("--statements", type=int, default=0, metavar="N",
                    help="after each drain arm's run, its N costliest statements per subtask, from "
                         "pg_stat_statements (bench/statements.py; slows every arm down: not for the table; "

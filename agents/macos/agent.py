@@ -12,9 +12,12 @@ computes, and its upload and complete go on in the background while the next com
 held at once are bounded (`max_leases`; by default as deep as the subtasks' measured run time calls
 for, claim_depth.py: one beyond the one running for long subtasks, deeper for short ones, at most
 what the agent finishes in one heartbeat interval): a Mac that vanishes strands at most that many
-until the lease timeout; while half the bound or more is held, the next claim waits until half is
-free, so fast subtasks are claimed many at a time. Small inputs and outputs ride inline in the claim
-and the complete (API.md); completes go together through one buffer (completes.py).
+until the lease timeout. The next claim is sent when the subtasks queued for the device are down to
+what covers a claim's round trip and their inputs' fetch (the depth's low-water mark), or when half
+the bound is free, and takes all the room the bound has then: not one lease per freed slot while the
+device has work queued, and never so late that it waits.
+Small inputs and outputs ride inline in the claim and the complete (API.md); completes go together
+through one buffer (completes.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from minions.agents.macos.config import AgentConfig
 from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.heartbeat import heartbeat_loop
 from minions.agents.macos.job_steps import JobSteps
-from minions.agents.macos.jobs import AT_WORK, Job, JobState, JobTable
+from minions.agents.macos.jobs import AT_WORK, QUEUED, Job, JobState, JobTable
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.protocol import Claim, ProtocolError, Registration
 from minions.agents.macos.runners.base import ChoosesPrecision, ReportsFingerprints, Runner
@@ -178,18 +181,25 @@ class Agent:
 
     def lease_bound(self) -> int:
         """Most leases held at once: `max_leases`, else the depth the measured run time and round
-        trips call for (claim_depth.py), logged as `claim_depth` whenever it changes (and once its
-        figures are first measured)."""
+        trips call for (claim_depth.py)."""
+        return self._bound_and_low_water()[0]
+
+    def _bound_and_low_water(self) -> tuple[int, int]:
+        """The lease bound and the low-water mark of the device's queue. With `max_leases` set, half
+        of it; else the depth's, logged as `claim_depth` whenever the depth or the mark changes (and
+        once its figures are first measured)."""
         if self._max_leases is not None:
-            return max(1, self._max_leases)
+            bound = max(1, self._max_leases)
+            return bound, max(1, bound // 2)
         depth = self.claim_depth()
         last = self._depth_logged
-        if last is None or depth.leases != last.leases or (last.run_s is None) != (depth.run_s is None):
-            log.info("claim_depth", leases=depth.leases, cap=depth.cap,
-                     run_s=None if depth.run_s is None else round(depth.run_s, 4),
-                     round_trip_s=None if depth.round_trip_s is None else round(depth.round_trip_s, 4))
+        if (last is None or (depth.leases, depth.low_water) != (last.leases, last.low_water)
+                or (last.run_s is None) != (depth.run_s is None)):
+            log.info("claim_depth", leases=depth.leases, low_water=depth.low_water, cap=depth.cap,
+                     run_s=_rounded(depth.run_s), round_trip_s=_rounded(depth.round_trip_s),
+                     claim_s=_rounded(depth.claim_s), fetch_s=_rounded(depth.fetch_s))
             self._depth_logged = depth
-        return depth.leases
+        return depth.leases, depth.low_water
 
     def claim_depth(self) -> Depth:
         """The claim-ahead depth the measurements call for, with the figures it comes from."""
@@ -200,12 +210,14 @@ class Agent:
         try:
             while True:
                 await self._policy.wait_until_available(self._idle_poll_s)
-                bound = self.lease_bound()
+                bound, low_water = self._bound_and_low_water()
                 room = bound - len(self._jobs)
-                # While half the bound or more is still held (work queued for the device), wait until
-                # half is free: one claim of many rather than a claim per finished subtask.
-                if room <= 0 or (self._jobs and room < bound // 2):
-                    await self._jobs.wait_for_a_leave()
+                # Claim when the device's queue is down to what covers the claim's round trip, or when
+                # half the bound is free, taking all the room then: while more is queued, the freed
+                # slots add up (one claim of several, not one per finished subtask); later, and the
+                # device would wait.
+                if room <= 0 or (self._jobs.count(QUEUED) > low_water and room < max(1, bound // 2)):
+                    await self._jobs.wait_for_a_change()
                     continue
                 # A task of its own: the owner's return cancels a long poll begun before it.
                 self._claiming = asyncio.create_task(self._claim(room), name="claim")
@@ -330,6 +342,10 @@ class Agent:
                     log.info("owner_needs_machine", subtask=job.label, reason=verdict.reason)
                     job.abort("owner")
                 return
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 def describe(

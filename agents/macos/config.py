@@ -234,6 +234,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=s,
         help="also work when the CPU is thermally throttled",
     )
+    add("--max-leases", type=int, default=s, metavar="N",
+        help="leases held at once (default: as deep as the subtasks' measured duration calls for; 1: no "
+        "pipeline, one subtask at a time)")
     add("--max-load", type=float, default=s, help="Linux: take no work above this 1-minute load average")
     add("--ollama-host", default=s, help=f"Ollama server (env OLLAMA_HOST, default {DEFAULT_OLLAMA_HOST})")
     add("--allow-pull", action="store_true", default=s, help="let Ollama pull a missing model")

@@ -50,7 +50,7 @@ class JobSteps:
             if runner is None:
                 raise PermanentError(f"this executor does not serve kind {sub.kind!r}")
             records = parse_records(await self._client.download(sub.input), sub.input.records)
-            fetched = time.monotonic() - started
+            self._depth.fetched(time.monotonic() - started)
             async with self._compute:
                 job.move(JobState.RUNNING)
                 computing = time.monotonic()
@@ -73,7 +73,7 @@ class JobSteps:
             await self._fail(job, f"{type(exc).__name__}: {exc}", retryable=True)
         else:
             await self._complete(job, len(records), time.monotonic() - started, output if inline else None)
-            self._depth.outside_runner(fetched + time.monotonic() - computed)
+            self._depth.committed(time.monotonic() - computed)
 
     async def _complete(self, job: Job, records: int, seconds: float, output: bytes | None) -> None:
         job.move(JobState.COMMITTING)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from minions.agents.macos.protocol import Claim
@@ -37,6 +37,8 @@ class JobState(enum.StrEnum):
 ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.RELEASED, JobState.DROPPED, JobState.CRASHED})
 # Still becoming a complete: the commit buffer lingers for these.
 AT_WORK = frozenset({JobState.CLAIMED, JobState.RUNNING, JobState.UPLOADING})
+# Held and not yet at the device: its input being fetched, or waiting for the runner.
+QUEUED = frozenset({JobState.CLAIMED})
 # A heartbeat that says the lease is gone aborts the job in these states. Not while committing: the
 # server answers "lost" for a lease it has just committed (it is no longer leased), and the
 # complete's own answer says what happened.
@@ -69,6 +71,7 @@ class Job:
     state: JobState = JobState.CLAIMED
     abort_reason: str | None = None  # owner | shutdown | lost | cancelled
     history: list[JobState] = field(default_factory=lambda: [JobState.CLAIMED])
+    moved: Callable[[], None] | None = None  # told after every move (the table's change event)
 
     @property
     def token(self) -> str:
@@ -90,6 +93,8 @@ class Job:
             raise IllegalTransition(f"job {self.label}: {self.state.value} -> {to.value} is not a transition")
         self.state = to
         self.history.append(to)
+        if self.moved is not None:
+            self.moved()
 
     def abort(self, reason: str) -> None:
         """Stop its task (the first reason given is the one kept); its settling hands the lease back
@@ -100,11 +105,13 @@ class Job:
 
 
 class JobTable:
-    """The jobs of the leases held, by token, and an event for the work loop: a job left."""
+    """The jobs of the leases held, by token, and events for the work loop: a job left, or any job
+    moved (one reaching the device shortens the queue the next claim must be sent before it empties)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
         self._left = asyncio.Event()
+        self._changed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -128,6 +135,7 @@ class JobTable:
         if job.token in self._jobs:
             raise IllegalTransition(f"lease {job.token} is held already")
         self._jobs[job.token] = job
+        job.moved = self._changed.set
 
     def remove(self, job: Job) -> None:
         """The job's last word was answered (it has ended): its lease is no longer held. One that
@@ -137,7 +145,9 @@ class JobTable:
             log.error("job_left_unended", subtask=job.label, state=job.state.value,
                       history=[s.value for s in job.history])
         self._jobs.pop(job.token, None)
+        job.moved = None
         self._left.set()
+        self._changed.set()
 
     async def wait_for_a_leave(self, timeout_s: float | None = None) -> None:
         """Until a job leaves the table (from now on), or `timeout_s` passes."""
@@ -149,3 +159,8 @@ class JobTable:
             await asyncio.wait_for(self._left.wait(), max(0.0, timeout_s))
         except TimeoutError:
             return
+
+    async def wait_for_a_change(self) -> None:
+        """Until a job leaves the table or moves to another state (from now on)."""
+        self._changed.clear()
+        await self._changed.wait()

@@ -130,6 +130,26 @@ async def test_the_table_counts_states_and_wakes_the_work_loop_when_a_job_leaves
     await table.wait_for_a_leave(0.01)  # nothing leaves: the timeout ends the wait
 
 
+async def test_the_table_wakes_the_work_loop_when_a_job_moves() -> None:
+    """A job reaching the device shortens the queue the next claim must be sent before it empties
+    (issue 37): the loop hears moves as well as leaves, and stops hearing a job once it left."""
+    table = JobTable()
+    job = Job(claim("L1"))
+    table.add(job)
+    waiting = asyncio.create_task(table.wait_for_a_change())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    job.move(S.RUNNING)
+    await asyncio.wait_for(waiting, 1)
+    waiting = asyncio.create_task(table.wait_for_a_change())
+    await asyncio.sleep(0.01)
+    job.move(S.COMMITTING)
+    job.move(S.DONE)
+    table.remove(job)
+    await asyncio.wait_for(waiting, 1)
+    assert job.moved is None
+
+
 async def test_a_job_that_leaves_unended_is_still_removed() -> None:
     table = JobTable()
     job = Job(claim())

@@ -47,7 +47,8 @@ async def test_claim_ahead_is_as_deep_as_the_subtasks_duration_calls_for(
         assert await _most_held_while_running(w, h, "short") > 2
         measured = h.agent.claim_depth()
         assert measured.run_s is not None and measured.run_s < 0.05
-        assert h.agent.lease_bound() == depth_for(measured.run_s, measured.round_trip_s, measured.cap) > 2
+        assert h.agent.lease_bound() == depth_for(measured.run_s, measured.round_trip_s, measured.claim_s,
+                                                 measured.cap) > 2
         assert [a["outcome"] for a in await w.conn.fetch("SELECT outcome FROM subtask_attempts")] == ["done"] * 304
 
 
