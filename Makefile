@@ -39,6 +39,8 @@ chaos: install
 bench: install
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
 	$(PY) -m pip install --quiet -e '.[agent,data,dev,mlx,bench]'
+	# the pace guard first: a pipeline that stopped hiding its round trips fails here in under a minute
+	$(PY) bench/pace.py
 	$(PY) bench/claim.py
 	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
 	$(PY) bench/embed_agent.py

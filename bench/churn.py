@@ -12,9 +12,9 @@ took to give them back.
 
 The check (exit 1 when it fails): each killed executor held no more leases than its claim-ahead rule
 allowed. An agent claims ahead only as deep as its subtasks' duration calls for
-(agents/macos/claim_depth.py): ceil(round trip / run time) + 1 leases, at least 2 (one running, one
-ready), at most what it finishes in one heartbeat interval; it logs each depth it chooses
-(`claim_depth`, with the run time and round trip it measured), and the bench recomputes the rule from
+(agents/macos/claim_depth.py): ceil((round trip + claim) / run time) + 1 leases, at least 2 (one
+running, one ready), at most what it finishes in one heartbeat interval; it logs each depth it chooses
+(`claim_depth`, with the run time, round trip and claim time it measured), and the bench recomputes the rule from
 those figures and allows, per agent, the deepest it chose between the submission and the kill. So
 subtasks longer than the round trips (the seed's 30 s) strand at most 2 each; 100 ms ones may pipeline
 a little deeper on a slow API. A test executor (`--executors inprocess`) holds one lease at a time.
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench import revision  # noqa: E402
+from bench.machine import cpu_model  # noqa: E402
 from minions.agents.macos.claim_depth import MIN_DEPTH, depth_for  # noqa: E402
 from minions.testing.audit import audit  # noqa: E402
 from minions.testing.cluster import (  # noqa: E402
@@ -59,6 +61,9 @@ from minions.testing.cluster import (  # noqa: E402
     sleep_records,
 )
 from minions.testing.drill_executors import DrillExecutor  # noqa: E402
+from minions.testing.processes import IMPORT_ROOT  # noqa: E402
+
+THIS_TREE = "this tree"
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Victim:
 @dataclass
 class RunResult:
     arm: str  # calm | churn
+    rev: str  # the agents' revision (`this tree` without --agent-from)
     makespan_s: float
     stuck: int = 0  # subtasks the killed executors held at the moment of the kills
     victims: list[Victim] = field(default_factory=list)
@@ -131,6 +137,13 @@ class AgentFleet:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
 
+    def run_from(self, root: Path) -> None:
+        """Agents from now on run from the checkout `root` (another revision's, `--agent-from`): the
+        live ones are stopped, and the next top-up starts them anew from there."""
+        if self.cluster.fleet.root != root:
+            self.cluster.fleet.stop_all()
+            self.cluster.fleet.root = root
+
     async def top_up(self, n: int) -> None:
         missing = n - len(self.cluster.alive_agents())
         if missing > 0:
@@ -152,7 +165,7 @@ class AgentFleet:
         if not chosen:
             return MIN_DEPTH, "nothing measured yet"
         for event in chosen:
-            rule = depth_for(event["run_s"], event["round_trip_s"], event["cap"])
+            rule = depth_for(event["run_s"], event["round_trip_s"], event.get("claim_s"), event["cap"])
             if rule != event["leases"]:
                 raise AssertionError(f"{name} chose {event['leases']} leases where the rule says {rule}: {event}")
         deepest = max(chosen, key=lambda e: e["leases"])
@@ -167,22 +180,24 @@ class AgentFleet:
 
 def _explain(event: dict[str, object]) -> str:
     run_s, round_trip_s, cap = event["run_s"], event["round_trip_s"], event["cap"]
+    claim_s = event.get("claim_s") or 0.0
     if not isinstance(run_s, int | float) or not isinstance(round_trip_s, int | float):
         return f"not measured yet: {MIN_DEPTH}"
-    return (f"run {run_s:.3f} s, round trip {round_trip_s:.3f} s: "
-            f"max({MIN_DEPTH}, min(ceil({round_trip_s:.3f} / {run_s:.3f}) + 1, cap {cap}))")
+    assert isinstance(claim_s, int | float)
+    return (f"run {run_s:.3f} s, round trip {round_trip_s:.3f} s, claim {claim_s:.3f} s: "
+            f"max({MIN_DEPTH}, min(ceil(({round_trip_s:.3f} + {claim_s:.3f}) / {run_s:.3f}) + 1, cap {cap}))")
 
 
 async def one_run(cluster: Cluster, fleet: AgentFleet | InProcessFleet, args: argparse.Namespace, arm: str,
-                  index: int) -> RunResult:
+                  index: int, rev: str) -> RunResult:
     await fleet.top_up(args.agents)
     await asyncio.sleep(1.0)  # every executor back in its long poll
-    name = f"{arm}-{index}"
+    name = f"{arm}-{index}-{len(cluster.fleet.agents)}"
     records = sleep_records(args.subtasks, ms=args.ms)
     mark = fleet.mark()
     submitted = time.monotonic()
     await cluster.submit(name, records, subtask_size=1)
-    result = RunResult(arm, 0.0)
+    result = RunResult(arm, rev, 0.0)
     if arm == "churn":
         await asyncio.sleep(max(0.0, args.kill_at - (time.monotonic() - submitted)))
         victims = fleet.names()[: args.kill]
@@ -224,17 +239,17 @@ def paper_ratio(args: argparse.Namespace) -> float:
     return float(churn / calm)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 async def main(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:
+        revs = {rev: stack.enter_context(revision.checkout(rev)) for rev in args.agent_from}
+        return await drill(args, revs or {THIS_TREE: IMPORT_ROOT})
+
+
+async def drill(args: argparse.Namespace, revs: dict[str, Path]) -> int:
+    """The runs, alternating calm and churn, and (with --agent-from) the agents' revisions within
+    each run: the fleet is started anew from a revision's checkout before its runs."""
     pg = DedicatedPostgres()
     url = await pg.start()
     workdir = Path(tempfile.mkdtemp(prefix="minions-churn-"))
@@ -246,38 +261,49 @@ async def main(args: argparse.Namespace) -> int:
     try:
         await cluster.services.start_all()
         for i in range(args.runs):
-            for arm in ("calm", "churn"):
-                r = await one_run(cluster, fleet, args, arm, i)
-                results.append(r)
-                extra = (f", stuck at the kills {r.stuck}, given back {r.reclaimed_after_s:.2f} s after"
-                         if arm == "churn" else "")
-                print(f"run {i + 1} {arm:5}: makespan {r.makespan_s:.2f} s, lost attempts {r.lost_attempts}{extra}",
-                      flush=True)
-                for v in r.victims:
-                    print(f"    killed {v.name}: held {v.held}, rule's bound {v.bound} ({v.why})"
-                          f"{'' if v.ok else '  <-- over the bound'}", flush=True)
+            for rev, root in revs.items():
+                if isinstance(fleet, AgentFleet):
+                    fleet.run_from(root)
+                for arm in ("calm", "churn"):
+                    r = await one_run(cluster, fleet, args, arm, i, rev)
+                    results.append(r)
+                    extra = (f", stuck at the kills {r.stuck}, given back {r.reclaimed_after_s:.2f} s after"
+                             if arm == "churn" else "")
+                    print(f"run {i + 1} {_label(rev)}{arm:5}: makespan {r.makespan_s:.2f} s, "
+                          f"lost attempts {r.lost_attempts}{extra}", flush=True)
+                    for v in r.victims:
+                        print(f"    killed {v.name}: held {v.held}, rule's bound {v.bound} ({v.why})"
+                              f"{'' if v.ok else '  <-- over the bound'}", flush=True)
     finally:
         await fleet.close()
         await cluster.close()
         pg.close()
-    calm = statistics.median(r.makespan_s for r in results if r.arm == "calm")
-    churn = statistics.median(r.makespan_s for r in results if r.arm == "churn")
-    stuck = [r.stuck for r in results if r.arm == "churn"]
-    bounds = [sum(v.bound for v in r.victims) for r in results if r.arm == "churn"]
-    over = [v for r in results for v in r.victims if not v.ok]
     print()
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; executors: {args.executors} ({args.agents}); "
           f"{args.subtasks} subtasks x {args.ms} ms; kill {args.kill} at {args.kill_at:g} s; "
           f"heartbeat {args.heartbeat:g} s, lease timeout {args.lease_timeout:g} s; {args.runs} runs per arm")
-    print(f"median makespan: calm {calm:.2f} s, churn {churn:.2f} s; ideal calm "
-          f"{args.subtasks * args.ms / 1000 / args.agents:.2f} s")
-    print(f"ratio churn / calm: {churn / calm:.3f} (paper's arithmetic {paper_ratio(args):.3f}; target <= 1.30)")
-    print(f"stuck at the kills: {stuck}; the claim-ahead rule's bounds for the killed executors: {bounds} "
-          f"(per executor: ceil(round trip / run time) + 1 leases, at least {MIN_DEPTH}, at most one "
-          f"heartbeat's work)")
+    over = [v for r in results for v in r.victims if not v.ok]
+    for rev in revs:
+        mine = [r for r in results if r.rev == rev]
+        calm = statistics.median(r.makespan_s for r in mine if r.arm == "calm")
+        churn = statistics.median(r.makespan_s for r in mine if r.arm == "churn")
+        stuck = [r.stuck for r in mine if r.arm == "churn"]
+        bounds = [sum(v.bound for v in r.victims) for r in mine if r.arm == "churn"]
+        if rev != THIS_TREE:
+            print(f"agents from {revision.describe(rev)}:")
+        print(f"median makespan: calm {calm:.2f} s, churn {churn:.2f} s; ideal calm "
+              f"{args.subtasks * args.ms / 1000 / args.agents:.2f} s")
+        print(f"ratio churn / calm: {churn / calm:.3f} (paper's arithmetic {paper_ratio(args):.3f}; target <= 1.30)")
+        print(f"stuck at the kills: {stuck}; the claim-ahead rule's bounds for the killed executors: {bounds} "
+              f"(per executor: ceil((round trip + claim) / run time) + 1 leases, at least {MIN_DEPTH}, at most one "
+              f"heartbeat's work)")
     if over:
         print(f"over the bound: {', '.join(f'{v.name} held {v.held} > {v.bound}' for v in over)}")
     return 0 if not over else 1
+
+
+def _label(rev: str) -> str:
+    return "" if rev == THIS_TREE else f"[{rev}] "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -291,7 +317,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-at", type=float, default=2.0, help="seconds after submission")
     p.add_argument("--heartbeat", type=float, default=1.0)
     p.add_argument("--lease-timeout", type=float, default=3.0)
-    return p.parse_args(argv)
+    p.add_argument("--agent-from", metavar="REV", action="append", default=[],
+                   help="run the agents from this git revision (a temporary worktree; repeatable: the "
+                        "revisions alternate within each run)")
+    args = p.parse_args(argv)
+    if args.agent_from and args.executors != "agents":
+        p.error("--agent-from needs --executors agents")
+    return args
 
 
 if __name__ == "__main__":

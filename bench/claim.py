@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench.machine import cpu_model  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
 from minions.db.migrate import migrate  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres, bin_path  # noqa: E402
@@ -399,14 +400,6 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def summary_table(results: list[RunResult], clients: list[int]) -> str:

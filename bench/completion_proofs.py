@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.progress import Progress
 
+from bench.machine import cpu_model
 from minions.agents.macos.runners.completion import CompletionParams
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
@@ -100,8 +100,7 @@ def main() -> None:
                 runner.generate(model, records, params)
                 regenerate.append(time.perf_counter() - start)
                 progress.advance(bar)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    name = cpu_model()
     size = sum(len(dumps_str(line["proof"])) for line in made) / sum(len(line["proof"]["tokens"]) for line in made)
     median = statistics.median
     print(f"command: python bench/completion_proofs.py --records {args.records} --tokens {args.tokens} "

@@ -65,6 +65,7 @@ import asyncpg  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
+from bench.machine import cpu_model  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
 from minions.config import Settings  # noqa: E402
 from minions.db.connect import connect  # noqa: E402
@@ -322,15 +323,6 @@ async def run(args: argparse.Namespace, server: EmbeddedPostgres, workdir: Path,
     return measures
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def report(args: argparse.Namespace, measures: list[Measure], argv: list[str]) -> Iterator[str]:

@@ -25,6 +25,9 @@ class AgentFleet:
     services: Services
     token: str
     agents: list[AgentProcess] = field(default_factory=list)
+    # The checkout the agents run from: this one, or another revision's (bench/revision.py), to
+    # compare an older agent with this one against the same services.
+    root: Path = IMPORT_ROOT
 
     def start(self, name: str, *extra: str, kinds: tuple[str, ...] = ("sleep",),
               env: Mapping[str, str] | None = None) -> AgentProcess:
@@ -37,7 +40,9 @@ class AgentFleet:
         with log_path.open("ab") as log:
             environ = {**os.environ, "PYTHONUNBUFFERED": "1", "MINIONS_LOG_LEVEL": "info", **(env or {})}
             environ.pop("MINIONS_TOKEN", None)
-            process = subprocess.Popen([*args, *extra], cwd=IMPORT_ROOT, env=environ, stdout=log, stderr=log,
+            if self.root != IMPORT_ROOT:
+                environ["PYTHONPATH"] = str(self.root)
+            process = subprocess.Popen([*args, *extra], cwd=self.root, env=environ, stdout=log, stderr=log,
                                        stdin=subprocess.DEVNULL)
         agent = AgentProcess(name, process, log_path)
         self.agents.append(agent)
