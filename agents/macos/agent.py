@@ -37,7 +37,7 @@ from minions.agents.macos.config import AgentConfig
 from minions.agents.macos.hardware import Hardware
 from minions.agents.macos.heartbeat import heartbeat_loop
 from minions.agents.macos.job_steps import JobSteps
-from minions.agents.macos.jobs import AT_WORK, QUEUED, Job, JobState, JobTable
+from minions.agents.macos.jobs import AT_WORK, DEVICE_HAS_WORK, QUEUED, Job, JobState, JobTable
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.protocol import Claim, ProtocolError, Registration
 from minions.agents.macos.runners.base import ChoosesPrecision, ReportsFingerprints, Runner
@@ -78,7 +78,7 @@ class Agent:
         self._completes = Completes(client, more_expected=lambda: self._jobs.count(AT_WORK) > 0)
         self._depth = ClaimDepth()
         self._depth_logged: Depth | None = None
-        self._queue_had_work = False  # the last claim brought work (so the next is answered at once)
+        self._queue_was_empty = False  # the last claim, sent while the device had work, found none
         self._awake: AbstractAsyncContextManager[None] | None = None  # held while any job is
         self._claiming: asyncio.Task[list[Claim]] | None = None  # the owner's return cancels it
         self._tasks: set[asyncio.Task[None]] = set()  # jobs' supervisors, the owner watch
@@ -216,7 +216,10 @@ class Agent:
                 # half the bound is free, taking all the room then: while more is queued, the freed
                 # slots add up (one claim of several, not one per finished subtask); later, and the
                 # device would wait.
-                if room <= 0 or (self._jobs.count(QUEUED) > low_water and room < max(1, bound // 2)):
+                if (room <= 0 or (self._jobs.count(QUEUED) > low_water and room < max(1, bound // 2))
+                        or self._queue_was_empty):
+                    # (After an empty answer the next claim waits for a job to move: no spinning.)
+                    self._queue_was_empty = False
                     await self._jobs.wait_for_a_change()
                     continue
                 # A task of its own: the owner's return cancels a long poll begun before it.
@@ -236,14 +239,20 @@ class Agent:
             raise
 
     async def _claim(self, room: int) -> list[Claim]:
+        """Claim up to `room` leases. While the device has work (a job queued or running) the claim
+        asks for an answer at once (`wait=0`): it is claiming ahead, and its time is then a true round
+        trip, the figure the depth needs; a long poll's time is the queue's (a claim parked until the
+        next task arrived once counted 1.4 s, issue 37). Idle, it long-polls."""
         registration = self.registration
+        ahead = self._jobs.count(DEVICE_HAS_WORK) > 0
         sent = time.monotonic()
         try:
-            claims = await self._client.claim_batch(registration.executor_id, registration.long_poll_s,
+            claims = await self._client.claim_batch(registration.executor_id,
+                                                    0.0 if ahead else registration.long_poll_s,
                                                     min(room, registration.max_claim))
-            if claims and self._queue_had_work:
+            if ahead:
                 self._depth.claimed(time.monotonic() - sent)
-            self._queue_had_work = bool(claims)
+                self._queue_was_empty = not claims
             return claims
         except (NotFound, Conflict) as exc:
             # The server forgot this executor (reset) or marked it offline: register again.

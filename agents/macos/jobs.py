@@ -39,6 +39,8 @@ ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.RELEASED, JobState.D
 AT_WORK = frozenset({JobState.CLAIMED, JobState.RUNNING, JobState.UPLOADING})
 # Held and not yet at the device: its input being fetched, or waiting for the runner.
 QUEUED = frozenset({JobState.CLAIMED})
+# Keeping the device busy, or about to: a claim sent while one is held is a claim ahead.
+DEVICE_HAS_WORK = frozenset({*QUEUED, JobState.RUNNING})
 # A heartbeat that says the lease is gone aborts the job in these states. Not while committing: the
 # server answers "lost" for a lease it has just committed (it is no longer leased), and the
 # complete's own answer says what happened.
