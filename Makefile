@@ -36,7 +36,12 @@ test: install lint
 chaos: install
 	MINIONS_CHAOS=long $(PY) -m pytest -q tests/chaos
 
+# Every pace benchmark adds its ratio to its physical limit to this ledger; the last step prints them all.
+LEDGER := $(abspath $(DATA_DIR))/bench-ratios.jsonl
+
+bench: export MINIONS_BENCH_LEDGER := $(LEDGER)
 bench: install
+	mkdir -p $(DATA_DIR) && rm -f $(LEDGER)
 	# PgQueuer, the queue's reference arm (bench/drain.py, bench/claim.py)
 	$(PY) -m pip install --quiet -e '.[agent,data,dev,mlx,bench]'
 	# the pace guard first: a pipeline that stopped hiding its round trips fails here in under a minute
@@ -62,6 +67,8 @@ bench: install
 	$(PY) bench/kept_input_slices.py --runs 5
 	# needs HAProxy (apt-get install haproxy, as .ci/run does)
 	$(PY) bench/fleet.py --executors 1000 3000
+	# every ratio to its limit, and its target, in one table
+	$(PY) bench/limits.py $(LEDGER)
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache

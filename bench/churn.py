@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
-from bench import revision  # noqa: E402
+from bench import limits, machine, revision  # noqa: E402
 from bench.machine import cpu_model  # noqa: E402
 from minions.agents.macos.claim_depth import MIN_DEPTH, depth_for  # noqa: E402
 from minions.testing.audit import audit  # noqa: E402
@@ -294,6 +294,10 @@ async def drill(args: argparse.Namespace, revs: dict[str, Path]) -> int:
         print(f"median makespan: calm {calm:.2f} s, churn {churn:.2f} s; ideal calm "
               f"{args.subtasks * args.ms / 1000 / args.agents:.2f} s")
         print(f"ratio churn / calm: {churn / calm:.3f} (paper's arithmetic {paper_ratio(args):.3f}; target <= 1.30)")
+        if rev == THIS_TREE:
+            limits.report(limits.Ratio("bench/churn.py", f"{args.subtasks} x {args.ms} ms, {args.kill} of "
+                                       f"{args.agents} agents killed: makespan", "the calm runs' makespan",
+                                       churn / calm, 1.30, at_least=False, machine=machine.describe()))
         print(f"stuck at the kills: {stuck}; the claim-ahead rule's bounds for the killed executors: {bounds} "
               f"(per executor: ceil((round trip + claim) / run time) + 1 leases, at least {MIN_DEPTH}, at most one "
               f"heartbeat's work)")

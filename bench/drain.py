@@ -102,7 +102,7 @@ if str(ROOT) not in sys.path:
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
-from bench import statements  # noqa: E402
+from bench import limits, machine, statements  # noqa: E402
 from bench.claim import admin  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
 from minions import jsoncodec, protocol, runtime  # noqa: E402
@@ -401,6 +401,8 @@ async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace
 # --- HTTP: the real services, simulated executors ------------------------------------------------
 
 TEAM, PROJECT = "bench", "drain"
+# One agent's makespan over the pure compute of its sleep subtasks (issue 37: 2,000 x 5 ms).
+MAKESPAN_TARGET = 1.10
 
 
 def sleep_records(n: int, ms: int) -> list[dict[str, Any]]:
@@ -776,6 +778,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(compute {compute:.1f} s): median {median:.2f} s = {median / compute:.2f}x compute "
                   f"(runs: {', '.join(f'{s:.2f}' for s, _ in spans)}; first lease -> last complete: "
                   f"{', '.join(f'{d:.2f}' for _, d in spans)})")
+            limits.report(limits.Ratio("bench/drain.py --makespan", f"{args.makespan} x {args.makespan_ms} ms sleep "
+                                       "subtasks, one agent: makespan", "pure compute", median / compute,
+                                       MAKESPAN_TARGET, at_least=False, machine=machine.describe()))
         if args.latency:
             lat = runtime.run(latency_all(server, args.latency, args))
             print()

@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench import limits, machine
 from minions.agents.macos.protocol import InputRef, OutputRef, Subtask
 from minions.agents.macos.runners import model_paths
 from minions.agents.macos.runners.embedding import EmbeddingRunner
@@ -157,7 +158,10 @@ def main() -> None:
         low, mean = cosines[name]
         print(f"  {name:12s} {median[name]:8.1f} sentences/s   cosine to st-fp32 min {low:.6f} mean {mean:.7f}"
               f"   (rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
-    print(f"  agent / fastest plain ({fastest}) = {ratio:.3f}   (target >= 1.0)")
+    print(f"  agent / fastest plain ({fastest}) = {ratio:.3f}")
+    limits.report(limits.Ratio("bench/embed_agent.py", f"{len(texts)} sentences, device {args.device}, the agent's "
+                               "runner", f"the fastest plain script ({fastest}, batch {args.st_batch_size})", ratio,
+                               1.0, at_least=True, machine=machine.describe()))
     print(json.dumps({
         "median_sentences_per_s": {k: round(v, 1) for k, v in median.items()},
         "agent_over_fastest_plain": round(ratio, 3),

@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
+from bench import limits, machine  # noqa: E402
 from bench.drain import PROJECT, TEAM, check_end_state, running_services  # noqa: E402
 from bench.embed_agent import MODEL, agent_subtask, sentences  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
@@ -151,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| arm | sentences/s (median) | rounds |\n|---|---:|---|")
     for arm, values in rates.items():
         print(f"| {arm} | {median[arm]:.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
-    print(f"system / runner = {median['system'] / median['runner']:.3f}   (target >= 0.9)")
+    print(f"system / runner = {median['system'] / median['runner']:.3f}")
+    limits.report(limits.Ratio("bench/embed_system.py", f"{args.sentences} sentences through the system, subtasks of "
+                               f"{args.subtask_size}", "the runner alone", median["system"] / median["runner"],
+                               0.9, at_least=True, machine=machine.describe()))
     return 0
 
 

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import statistics
 import sys
 import time
@@ -46,7 +47,7 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 import asyncpg  # noqa: E402
 
-from bench import machine, revision  # noqa: E402
+from bench import limits, machine, revision  # noqa: E402
 from bench.drain import check_end_state, prepare_template, running_services, scratch, sleep_records  # noqa: E402
 from bench.drain import submit_sleep_task as submit  # noqa: E402
 from bench.scratch import scratch_postgres  # noqa: E402
@@ -101,7 +102,8 @@ async def measure(arms: list[Arm], args: argparse.Namespace) -> dict[str, list[f
             async with running_services(url, services_args) as (services, admin_token, token):
                 for n in range(args.rounds):
                     for arm in arms:
-                        span = await drain_once(services, token, admin_token, conn, arm, f"{arm.name}-{n}", args)
+                        label = re.sub(r"[^A-Za-z0-9._-]", "_", f"{arm.name}-{n}")  # a task and executor name
+                        span = await drain_once(services, token, admin_token, conn, arm, label, args)
                         spans[arm.name].append(span)
                         print(f"round {n + 1} {arm.name:10s} {span:7.2f} s = {span / compute:.2f}x compute",
                               flush=True)
@@ -159,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             if share < args.min_hidden:
                 failed.append(f"{name} hid {share:.0%}")
         print(f"| {name} | {median:.2f} s | {compute:.2f} s | {median / compute:.2f}x | {hidden} | {runs} |")
+    print()
+    for name, median in medians.items():
+        if name != "serial":
+            limits.report(limits.Ratio("bench/pace.py", f"{args.subtasks} x {args.ms} ms sleep subtasks, {name}: "
+                                       "share of the round trips hidden", "the serial arm's time beyond compute",
+                                       hidden_share(median, serial, compute), args.min_hidden, at_least=True,
+                                       machine=machine.describe()))
     print()
     print(f"pace: hidden = the share of the serial arm's {serial - compute:.2f} s beyond compute that a pipelined "
           f"arm hid: {'FAIL: ' + ', '.join(failed) if failed else 'PASS'}")
