@@ -8,11 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from minions import jsoncodec
 from minions.kinds import DEFAULT_SUBTASK_SIZE, KINDS, PARAMS, params_problems
 from minions.names import NAME, NAME_RULE, model_revision_problem
 from minions.nul import NUL_RULE, nul_path
 
 MAX_SUBTASK_SIZE = 100_000
+# A task's params ride in every lease of it that a claim hands out: a megabyte of them made each
+# claim of 32 leases a 32 MB answer (issue 39). Far beyond any real system prompt or option set.
+MAX_PARAMS_BYTES = 64 * 1024
 FIELDS = frozenset({"team", "project", "name", "kind", "model", "params", "priority", "subtask_size", "input"})
 
 
@@ -62,6 +66,8 @@ def check_fields(body: dict[str, Any], errors: dict[str, str]) -> TaskFields:
         params = {}
     if not isinstance(params, dict):
         errors["params"] = "must be an object"
+    elif len(jsoncodec.dumps(params)) > MAX_PARAMS_BYTES:
+        errors["params"] = f"must be at most {MAX_PARAMS_BYTES // 1024} KiB as JSON"
     elif isinstance(kind, str) and kind in PARAMS:
         errors.update({f"params.{name}": problem for name, problem in params_problems(kind, params).items()})
 

@@ -165,3 +165,27 @@ async def test_a_refused_priority_writes_no_input_object(object_api: ApiHarness,
     assert (await object_api.call("POST", "/api/v1/tasks", token=users["alpha"], json=_task("fine", 0))).status == 201
     assert _input_objects(object_api) == 1
     assert await _task_priorities(database_url) == {"fine": 0}
+
+
+async def test_only_an_admin_makes_a_team(object_api: ApiHarness, database_url: str) -> None:
+    """A user scoped to no team who could make teams by naming them would take a fair share per name
+    (issue 39: 1,000 made-up teams took 92% of the claims). Its task for a team nothing names is 403
+    `unknown_team` (nothing created: no task, no input object); a team a token, task or share names
+    is open to it; an admin makes teams as before; the OpenAI lane's default team is always open."""
+    users = await _users(database_url)
+    anyteam = users["anyteam"]
+    for name in ("made-up-1", "made-up-2"):
+        reply = await object_api.call("POST", "/api/v1/tasks", token=anyteam, json=_task(name, 0, name))
+        assert reply.status == 403 and reply.error["code"] == "unknown_team", reply.body
+        assert "only an admin makes a team" in reply.error["message"]
+    dry = await object_api.call("POST", "/api/v1/tasks?dry_run=true", token=anyteam, json=_task("d", 0, "made-up-3"))
+    assert dry.status == 403 and dry.error["code"] == "unknown_team", dry.body
+    assert _input_objects(object_api) == 0
+    # Teams that exist: beta (a scoped token names it), one an admin made by a task of its own, openai.
+    assert (await object_api.call("POST", "/api/v1/tasks", token=anyteam, json=_task("b", 0, "beta"))).status == 201
+    assert (await object_api.call("POST", "/api/v1/tasks", json=_task("admin", 0, "gamma"))).status == 201
+    assert (await object_api.call("POST", "/api/v1/tasks", token=anyteam, json=_task("g", 0, "gamma"))).status == 201
+    assert (await object_api.call("POST", "/api/v1/tasks", token=anyteam, json=_task("o", 0, "openai"))).status == 201
+    judged = await object_api.call("POST", "/api/v1/tasks?dry_run=true", token=anyteam, json=_task("d", 0, "beta"))
+    assert judged.status == 200 and judged.body == {"valid": True}, judged.body
+    assert await _task_priorities(database_url) == {"b": 0, "admin": 0, "g": 0, "o": 0}

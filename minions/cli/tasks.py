@@ -205,10 +205,8 @@ async def submit(args: argparse.Namespace) -> int:
         return 2
     async with connection.client_from_args(args) as client:
         existing = await _existing(client, args.team, args.project, args.name)
-        if existing is not None and args.replace:
-            await _replace(client, existing)
-            existing = None
-        if existing is not None and not (existing["input_uri"] or "").endswith(f"/{checked.sha256}.jsonl"):
+        same_input = existing is not None and (existing["input_uri"] or "").endswith(f"/{checked.sha256}.jsonl")
+        if existing is not None and not same_input and not args.replace:
             ref = f"{args.team}/{args.project}/{args.name}"
             print(f"minions: task {ref} exists with another input (nothing was uploaded): choose another --name, "
                   f"or pass --replace (the old task and its results go)"
@@ -217,8 +215,13 @@ async def submit(args: argparse.Namespace) -> int:
             return 1
         # The same file is the same object (uploaded under its SHA-256), so the same command again
         # is the same request: the server answers with the task (200), not a conflict.
-        uri = existing["input_uri"] if existing is not None else \
+        uri = existing["input_uri"] if existing is not None and same_input else \
             await client.upload_input(_file_chunks(args.file), sha256=checked.sha256)
+        if existing is not None and args.replace:
+            # The old task goes only once the server has judged the new body whole (a 403 or 422
+            # then leaves the old one as it was).
+            await client.judge({**body, "input": {"uri": uri}})
+            await _replace(client, existing)
         task = await client.submit({**body, "input": {"uri": uri}})
         if not args.json:
             print(f"submitted {task['team']}/{task['project']}/{task['name']} ({task['status']}; "

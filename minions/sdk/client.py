@@ -174,7 +174,8 @@ class MinionsClient:
         first (InputError naming its line or row; nothing is uploaded then). A table's ids come from
         `id_column` (default `id`, else the row number) and its texts from `text_column` (default
         the kind's field: `text`, `prompt`, `messages` or `ms`): minions.sdk.tables. With `replace`,
-        a task of this name goes first, once the records are uploaded (`discard`).
+        a task of this name goes first, once the records are uploaded and the server has judged the
+        new body acceptable (`discard`; a refused body leaves the old task as it was).
         `submit(body)`: POST a task body as docs/API.md writes it; the wire JSON."""
         if team is None:
             if not isinstance(task, Mapping):
@@ -196,8 +197,16 @@ class MinionsClient:
         if subtask_size is not None:
             body["subtask_size"] = subtask_size
         if replace:
+            # Judged first, whole (fields, scope, priority cap): a body the server would refuse
+            # must not cost the task it was to replace.
+            await self.judge(body)
             await self.discard(team, project, name)
         return Task.from_json(await self._request("POST", "/api/v1/tasks", json=body))
+
+    async def judge(self, body: Mapping[str, Any]) -> None:
+        """Every check the server makes of a task body before it creates anything (`?dry_run=true`):
+        raises the MinionsError a submission of it would (403, 422), creates nothing."""
+        await self._request("POST", "/api/v1/tasks", json=dict(body), params={"dry_run": "true"})
 
     async def _upload(self, source: InputSource, kind: str | None = None) -> str:
         body, cleanup = await jsonl_body(source, kind)

@@ -537,17 +537,27 @@ def _paths() -> dict[str, Schema]:
                 "tags": ["tasks"],
                 "summary": "Submit a task",
                 "description": "Idempotent: the same body again answers 200 with the existing task; a different "
-                               "body under an existing (team, project, name) is a 409.",
+                               "body under an existing (team, project, name) is a 409. With `dry_run=true`, "
+                               "every check and nothing created: 200 `{\"valid\": true}`.",
+                "parameters": [
+                    _query_param("dry_run", {"type": "string", "enum": ["true", "false", "1", "0"]},
+                                 "Judge the body (fields, records, the team's scope, the priority cap) and create "
+                                 "nothing; `submit --replace` asks it before deleting the task it replaces."),
+                ],
                 "requestBody": _json_body(_ref("TaskRequest"), "The task."),
                 "responses": _responses(
                     _ok(_ref("Task"), "Submitted (status `submitted`).", "201"),
-                    _ok(_ref("Task"), "The same task was submitted before: that task."),
+                    _ok({"oneOf": [_ref("Task"), {"type": "object", "required": ["valid"],
+                                                   "properties": {"valid": {"type": "boolean", "enum": [True]}}}]},
+                        "The same task was submitted before: that task; or, with `dry_run=true`, the body "
+                        "passed every check (`{\"valid\": true}`)."),
                     _AUTHED, _BODY,
                     e403="Not a user token (`wrong_role`), or one scoped to another team (`wrong_team`), or "
                          "an `input.uri` the task's team may not read (`input_not_allowed`): a task reads only "
                          "its team's uploads and inline inputs, or s3:// prefixes an operator allowed for the "
                          "team (`minions team allow-input`); or a user's `priority` above the team's priority "
-                         "cap (`priority_above_cap`, the cap in the message); nothing is created.",
+                         "cap (`priority_above_cap`, the cap in the message); or a user's task for a team that "
+                         "does not exist (`unknown_team`: only an admin makes a team); nothing is created.",
                     e409="A different task of that name exists (`task_exists`); the message says what to do: "
                          "another name, a retry of a failed one, or delete it (what `minions submit "
                          "--replace` does) and submit again.",

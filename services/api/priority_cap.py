@@ -1,6 +1,8 @@
 """A user's task priority is held to its team's cap (team_shares.priority_cap, default 0); an admin
 sets any. The database judges it (minion_priority_within_cap, sql/schema/14_teams.sql), inside the
-statement that submits the task; this turns its refusal into the API's 403 `priority_above_cap`."""
+statement that submits the task; this turns its refusal into the API's 403 `priority_above_cap`. The
+same function refuses a user's submission to a team nothing names yet (only an admin makes a team):
+the 403 `unknown_team`."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from minions.services.api.auth import Principal
 from minions.services.api.errors import ApiError, forbidden
 
 REFUSAL = "priority_above_cap"  # the database's message, and the API's error code
+UNKNOWN_TEAM = "unknown_team"  # a user's submission to a team nothing names yet (only an admin makes one)
 
 
 def capped(principal: Principal) -> bool:
@@ -33,6 +36,10 @@ def refused_above_cap(team: str, priority: int) -> Iterator[None]:
     try:
         yield
     except asyncpg.InsufficientPrivilegeError as exc:
+        if exc.message == UNKNOWN_TEAM:
+            raise forbidden(f"team {team} does not exist: only an admin makes a team (a token scoped to it, "
+                            "`minions token create --role user --team TEAM`, or a task of its own)",
+                            UNKNOWN_TEAM) from None
         if exc.message != REFUSAL:
             raise
         raise above_cap(team, priority, int(exc.detail or 0)) from None

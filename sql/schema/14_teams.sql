@@ -35,7 +35,12 @@ END $$;
 
 -- The priority a task of p_team is submitted at: p_priority itself when its submitter may set it,
 -- else 'priority_above_cap' raised (insufficient_privilege, the cap as its DETAIL) and nothing is
--- submitted. p_capped: the submitter is a user, held to the team's cap (an admin sets any priority).
+-- submitted. p_capped: the submitter is a user, held to the team's cap (an admin sets any priority),
+-- and to the teams that exist: 'unknown_team' raised (insufficient_privilege) for one nothing names
+-- yet, since only an admin makes a team (a token scoped to it, a share, a task of its own): a user
+-- who could make teams by naming them would take a fair share per name (issue 39: 1,000 made-up
+-- teams took 92% of the claims). The one team the server names itself, the OpenAI lane's default
+-- `openai` (services/api/openai/batches.py), is always open to users.
 -- Called as an argument of the submission, it reads the cap in the submission's own statement, with
 -- no round trip of its own. -1000 is within every cap (the lowest one allowed); any other priority, 0
 -- included, can be above one (a cap may be below 0), so each reads it: one primary-key probe.
@@ -44,6 +49,9 @@ RETURNS integer LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_cap integer;
 BEGIN
+    IF p_capped AND p_team <> 'openai' AND NOT minion_team_known(p_team) THEN
+        RAISE EXCEPTION 'unknown_team' USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF p_capped AND p_priority > -1000 THEN
         v_cap := (minion_team_share(p_team)).priority_cap;
         IF p_priority > v_cap THEN

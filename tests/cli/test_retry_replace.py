@@ -5,6 +5,10 @@ says what to do."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+
 from minions import jsoncodec
 from minions.db.connect import connect
 from minions.testing.agents import AgentFleet
@@ -115,3 +119,27 @@ async def test_replace_cancels_a_task_that_runs_then_takes_its_name(cli: Cli) ->
     assert code == 200 and isinstance(shown, dict)
     assert shown["created_at"] == task["created_at"] != jsoncodec.loads(first.stdout)["created_at"]
     assert shown["input_uri"] != jsoncodec.loads(first.stdout)["input_uri"]
+
+
+async def test_replace_with_a_body_the_server_refuses_leaves_the_old_task(cli: Cli, database_url: str) -> None:
+    """`submit --replace` asks the server to judge the new body (`?dry_run=true`) before it deletes the
+    old task: a user's priority above the team's cap is a 403 that used to leave nothing (issue 39)."""
+    conn = await connect(database_url)
+    try:
+        user, _ = await make_token(conn, "user", "search")
+    finally:
+        await conn.close()
+    _records(cli, "keep.jsonl", range(2))
+    first = await cli.run("submit", "keep.jsonl", "--team", "search", "--project", "ranker", "--name", "k-1",
+                          "--kind", "sleep", "--json")
+    assert first.returncode == 0, first.stderr
+    _records(cli, "over.jsonl", range(4))
+    env = {**cli.env(), "MINIONS_TOKEN": user}
+    refused = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "minions.cli.main", "submit", "over.jsonl", "--team", "search",
+                         "--project", "ranker", "--name", "k-1", "--kind", "sleep", "--priority", "5", "--replace"],
+        cwd=cli.cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 1 and "priority_above_cap" in refused.stderr, refused.stderr
+    code, kept = await cli.get("/api/v1/tasks/search/ranker/k-1")
+    assert code == 200 and isinstance(kept, dict)
+    assert kept["created_at"] == jsoncodec.loads(first.stdout)["created_at"]  # the old task, untouched

@@ -70,6 +70,16 @@ CASES = [
     _case("v1-file-path-nul", "GET", "/v1/files/{file_id}", "/v1/files/file-%00"),
     _case("v1-files-after-nul", "GET", "/v1/files", "/v1/files?after=%00"),
     _case("v1-batch-path-nul", "POST", "/v1/batches/{batch_id}/cancel", "/v1/batches/batch_%00/cancel"),
+    # batches.py create_batch and translate.py _chat: `x in DICT` hashes x, so an object or a list
+    # endpoint or role was a TypeError (issue 39).
+    _case("v1-batch-endpoint-object", "POST", "/v1/batches", "/v1/batches",
+          {"input_file_id": "file-x", "endpoint": {}, "completion_window": "24h"}),
+    _case("v1-batch-endpoint-list", "POST", "/v1/batches", "/v1/batches",
+          {"input_file_id": "file-x", "endpoint": ["/v1/embeddings"], "completion_window": "24h"}),
+    _case("v1-chat-role-object", "POST", "/v1/chat/completions", "/v1/chat/completions",
+          {"model": FUZZ_MODEL, "messages": [{"role": {}, "content": "hi"}]}),
+    _case("v1-chat-role-list", "POST", "/v1/chat/completions", "/v1/chat/completions",
+          {"model": FUZZ_MODEL, "messages": [{"role": ["user"], "content": "hi"}]}),
 ]
 
 

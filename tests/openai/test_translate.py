@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import orjson
 import pytest
 
 from minions.services.api.openai.translate import LineError, float32_base64, parse_request_line, response_body
@@ -32,6 +33,16 @@ def test_bad_lines_have_codes(line: bytes, code: str) -> None:
     with pytest.raises(LineError) as error:
         parse_request_line(line, 1, "/v1/embeddings")
     assert error.value.code == code
+
+
+@pytest.mark.parametrize("role", [{}, [], ["user"], 1, None])
+def test_a_chat_lines_role_of_any_json_type_is_a_line_error(role: object) -> None:
+    """An object or list role was hashed into the role map: a TypeError, a 500 (issue 39)."""
+    line = orjson.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "m", "messages": [{"role": role, "content": "hi"}]}})
+    with pytest.raises(LineError) as error:
+        parse_request_line(line, 1, "/v1/chat/completions")
+    assert (error.value.code, error.value.param) == ("invalid_request", "body.messages[0].role")
 
 
 def test_chat_lines_translate_roles_parts_and_sampling() -> None:

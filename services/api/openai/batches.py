@@ -93,7 +93,7 @@ async def create_batch(request: web.Request) -> web.Response:
     body = await json_object(request, limit=MAX_BODY_BYTES)
     problems = {}
     endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINT_KIND:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINT_KIND:  # (a dict or list is unhashable)
         problems["endpoint"] = f"must be one of {', '.join(ENDPOINT_KIND)}"
     window_s = _window_s(body.get("completion_window"))
     if window_s is None:

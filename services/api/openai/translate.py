@@ -150,7 +150,7 @@ def _chat(body: dict[str, Any], custom_id: str, record_id: str, model: str) -> R
     messages = []
     for i, message in enumerate(raw):
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ROLE_MAP:
+        if not isinstance(role, str) or role not in ROLE_MAP:  # (a dict or list is unhashable)
             raise LineError("invalid_request", f"body.messages[{i}].role must be one of {', '.join(ROLE_MAP)}",
                             f"body.messages[{i}].role")
         messages.append({"role": ROLE_MAP[role], "content": _content(message.get("content"), i)})

@@ -82,6 +82,8 @@ async def submit_task(request: web.Request) -> web.Response:
     big = submission.records is not None and len(submission.records) > THREAD_ABOVE
     task = await asyncio.to_thread(validate) if big else validate()
     try:
+        if request.query.get("dry_run") in ("true", "1"):
+            return await _judged(request, principal, task)
         return await _submit(request, principal, task)
     finally:
         if task.records is not None:
@@ -137,6 +139,18 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
              model=task.model, split_at_submit=ranges is not None, input_kept=input_uri is None)
     return json_response(task_object(row, store), 201)
+
+
+async def _judged(request: web.Request, principal: Principal, task: TaskRequest) -> web.Response:
+    """`?dry_run=true`: every check a submission makes before it creates anything (the fields and
+    records, the team's scope, the priority cap), and nothing created: `submit --replace` asks this
+    before it deletes the task the new one replaces, so a refused body leaves the old one (issue 39)."""
+    if not principal.can_see_team(task.team):
+        raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
+    if capped(principal):
+        with refused_above_cap(task.team, task.priority):
+            await request.app[POOL].fetchval(Q.priority_within_cap, task.team, task.priority, True)
+    return json_response({"valid": True})
 
 
 async def _small_split(request: web.Request, task: TaskRequest) -> SplitRanges | None:
