@@ -48,6 +48,11 @@ class AuthError(ClientError):
     """The server refused the token (401) or its role (403): fatal, retrying cannot help."""
 
 
+class Quarantined(AuthError):
+    """403 `quarantined`: the token is fine, but the pool quarantined this executor (its results lost
+    quorums of spot checks); an admin may release it. Fatal as any refusal, said as what it is."""
+
+
 class Rejected(ClientError):
     """A 4xx answer other than 401/403: the request itself is wrong or its object is gone."""
 
@@ -283,6 +288,9 @@ def _answer(status: int, raw: bytes, method: str, path: str) -> Any:
     if 200 <= status < 300:
         return jsoncodec.loads(raw) if raw.strip() else None
     code, message = _error_fields(raw)
+    if status == 403 and code == "quarantined":
+        raise Quarantined(f"the pool quarantined this executor ({message}); its token is fine: an admin of the "
+                          "pool decides (`minions executors` shows why, `minions executor release` lifts it)")
     if status in (401, 403):
         raise AuthError(
             f"the API refused this agent's token on {method} {path} (HTTP {status} {code}: {message}); "

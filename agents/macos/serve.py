@@ -10,7 +10,7 @@ from typing import Any
 
 from minions.agents.macos import hardware
 from minions.agents.macos.agent import Agent
-from minions.agents.macos.client import AuthError, ExecutorClient, Rejected
+from minions.agents.macos.client import AuthError, ExecutorClient, Quarantined, Rejected
 from minions.agents.macos.config import AgentConfig
 from minions.agents.macos.policy import OwnerPolicy
 from minions.agents.macos.runners.base import ChoosesPrecision, Runner, RunnerError
@@ -67,6 +67,9 @@ async def serve(config: AgentConfig) -> int:
         main.uncancel()
         log.info("agent_stopped")
         return EXIT_OK
+    except Quarantined as exc:
+        log.error("executor_quarantined", error=str(exc))
+        return EXIT_CONFIG
     except AuthError as exc:
         log.error("token_refused", error=str(exc))
         return EXIT_CONFIG

@@ -95,11 +95,16 @@ SELECT minion_model_known($1, $2) AS known,
 -- name: known_models
 -- The models the pool knows, one row per model ($1: that model only; NULL: all): the kinds it is
 -- known for, when it was first advertised, and whether an executor online now serves it.
+-- The capabilities online now are gathered once and joined by hash: a probe of every executor's
+-- capabilities per known model took 5.9 s for 10 x 1,024 models (issue 39).
+WITH online AS (
+    SELECT DISTINCT c.capability
+      FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+     CROSS JOIN unnest(e.capabilities) AS c(capability)
+     WHERE e.status = 'online' AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()))
 SELECT k.model, array_agg(k.kind ORDER BY k.kind) AS kinds, min(k.advertised_at) AS advertised_at,
-       bool_or(EXISTS (SELECT 1 FROM executors e JOIN heartbeats h ON h.executor_id = e.id
-                        WHERE e.capabilities @> ARRAY[k.capability] AND e.status = 'online'
-                          AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s()))) AS online
-FROM known_models k
+       bool_or(o.capability IS NOT NULL) AS online
+FROM known_models k LEFT JOIN online o ON o.capability = k.capability
 WHERE $1::text IS NULL OR k.model = $1
 GROUP BY k.model
 ORDER BY k.model;

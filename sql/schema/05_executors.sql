@@ -102,12 +102,13 @@ END $$;
 CREATE TRIGGER tasks_model_revision BEFORE INSERT ON tasks
     FOR EACH ROW EXECUTE FUNCTION minion_task_model_revision();
 
--- Registration bounded per executor token. verdict: 'ok' (executor_id set), 'too_many_executors'
--- (the token holds p_max_executors names in use already: registered in the last 7 days or heard from
--- in the last day), 'too_many_registrations' (it added p_per_minute names in the last minute;
--- retry_after_s: when the oldest of them leaves the window). Checked under a lock per token, because
--- several API processes register against one database. Registering a name the token already holds
--- (an agent restarting) is neither counted nor locked: it is the same row, updated.
+-- Registration bounded per executor token. verdict: 'ok' (executor_id set), 'too_many_models' (its
+-- executors would advertise more than 1,024 distinct models), 'too_many_executors' (the token holds
+-- p_max_executors names in use already: registered in the last 7 days or heard from in the last
+-- day), 'too_many_registrations' (it added p_per_minute names in the last minute; retry_after_s: when
+-- the oldest of them leaves the window). Checked under a lock per token, because several API
+-- processes register against one database. Registering a name the token already holds (an agent
+-- restarting) is not counted against the names: it is the same row, updated.
 CREATE FUNCTION minion_register_executor_bounded(p_token_id bigint, p_team text, p_name text,
                                                             p_hardware jsonb, p_kinds text[], p_models text[],
                                                             p_preferences jsonb, p_max_executors integer,
@@ -119,9 +120,22 @@ DECLARE
     recent integer;
     oldest timestamptz;
 BEGIN
+    -- The models a token's executors advertise, together: each is a row of the pool's known models
+    -- and a capability every claim and /v1/models weighs, so one token may not advertise more than
+    -- 1,024 distinct ones over the names it holds (issue 39: 10 names of 1,024 models each made
+    -- /v1/models take 5.9 s). Judged under the token's lock, so concurrent registrations cannot both
+    -- squeeze under it.
+    PERFORM pg_advisory_xact_lock(hashtextextended('minion_register:' || p_token_id::text, 0));
+    IF (SELECT count(DISTINCT m) FROM (
+            SELECT unnest(e.models) AS m FROM executors e
+             WHERE e.token_id = p_token_id AND e.name <> p_name AND e.status <> 'offline'
+            UNION ALL SELECT unnest(p_models)) all_models) > 1024 THEN
+        verdict := 'too_many_models';
+        RETURN;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM executors e WHERE e.token_id = p_token_id AND e.name = p_name) THEN
-        -- One new name of a token at a time, so two API processes cannot both squeeze under a bound.
-        PERFORM pg_advisory_xact_lock(hashtextextended('minion_register:' || p_token_id::text, 0));
+        -- One new name of a token at a time (the lock above), so two API processes cannot both
+        -- squeeze under a bound.
         -- Read again under the lock: a registration of this very name may have committed meanwhile.
         IF NOT EXISTS (SELECT 1 FROM executors e WHERE e.token_id = p_token_id AND e.name = p_name) THEN
             SELECT count(*) FILTER (WHERE e.registered_at > now() - interval '7 days'

@@ -9,7 +9,7 @@ import time
 import pytest
 from aiohttp import web
 
-from minions.agents.macos.client import AuthError, Conflict, ExecutorClient, StorageError
+from minions.agents.macos.client import AuthError, Conflict, ExecutorClient, Quarantined, StorageError
 from minions.agents.macos.protocol import InputRef
 from minions.backoff import Backoff
 from tests.agent.local_http import free_port, serving
@@ -101,6 +101,22 @@ async def test_401_is_fatal_at_once_and_409_means_lease_gone() -> None:
             await client.complete("lease-1", 10, 1.5)
     assert hits["register"] == 1
     assert lost.value.code == "lease_lost"
+
+
+async def test_a_quarantined_executor_is_told_so_not_to_check_its_token() -> None:
+    """403 `quarantined`: the token is fine; the agent says it is quarantined and why (issue 39: it
+    said "check MINIONS_TOKEN")."""
+    async def claim(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "quarantined", "message": "this executor is quarantined: "
+                                            "outvoted 2 times"}}, status=403)
+
+    app = web.Application()
+    app.router.add_post("/api/v1/executors/{executor_id}/claim", claim)
+    async with serving(app) as url, ExecutorClient(url, "tok", backoff=FAST) as client:
+        with pytest.raises(Quarantined) as refused:
+            await client.claim_batch("e-1", 0, 4)
+    assert "quarantined" in str(refused.value) and "outvoted 2 times" in str(refused.value)
+    assert "MINIONS_TOKEN" not in str(refused.value) and "its token is fine" in str(refused.value)
 
 
 async def test_claim_heartbeat_release_deregister() -> None:

@@ -115,3 +115,37 @@ async def test_names_no_longer_in_use_leave_the_cap(database_url: str, tmp_path:
         assert (await _register(api, "new")).status == 201
         assert (await _register(api, "newer")).status == 201
         assert (await _register(api, "newest")).status == 403  # new, newer and gone-2 are in use
+
+
+async def test_one_token_advertises_at_most_1024_distinct_models(database_url: str, tmp_path: Path) -> None:
+    """Each advertised model is a known model and a capability every claim and /v1/models weighs: 10
+    names of 1,024 models each made /v1/models take 5.9 s (issue 39). Over its names together one token
+    advertises at most 1,024 distinct models (422 on `models`, nothing registered); the same models
+    again under more names are no new ones; another token is free; /v1/models lists them all."""
+    async with running_api(database_url, tmp_path / "store") as api:
+        def body(name: str, models: list[str]) -> dict[str, Any]:
+            return {"name": name, "hardware": {"os": "test"}, "kinds": ["embedding"], "models": models}
+
+        first = [f"m-{i}" for i in range(1000)]
+        assert (await api.call("POST", "/api/v1/executors/register", token="executor",
+                               json=body("a", first))).status == 201
+        same = await api.call("POST", "/api/v1/executors/register", token="executor", json=body("b", first[:500]))
+        assert same.status == 201, same.body
+        over = await api.call("POST", "/api/v1/executors/register", token="executor",
+                              json=body("c", [f"n-{i}" for i in range(25)]))
+        assert over.status == 422 and "1,024 distinct models" in over.error["fields"]["models"], over.body
+        assert await _names(api) == ["a", "b"]
+        # Re-registering a held name with other models counts that name's new models, not its old ones.
+        moved = await api.call("POST", "/api/v1/executors/register", token="executor",
+                               json=body("b", [f"n-{i}" for i in range(24)]))
+        assert moved.status == 201, moved.body
+        conn = await connect(database_url)
+        try:
+            other, _ = await make_token(conn, "executor")
+        finally:
+            await conn.close()
+        elsewhere = await api.call("POST", "/api/v1/executors/register", token=other,
+                                   json=body("d", [f"o-{i}" for i in range(1024)]))
+        assert elsewhere.status == 201, elsewhere.body
+        listed = await api.call("GET", "/v1/models")
+        assert listed.status == 200 and len(listed.body["data"]) == 1000 + 24 + 1024, len(listed.body["data"])

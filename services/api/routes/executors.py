@@ -168,6 +168,9 @@ async def register(request: web.Request) -> web.Response:
 
 def _refuse_registration(row: Any, settings: Settings) -> None:
     """The error a registration verdict other than 'ok' stands for (sql/schema/05_executors.sql)."""
+    if row["verdict"] == "too_many_models":
+        raise invalid({"models": "this token's executors would advertise more than 1,024 distinct models, the "
+                                 "most one token may; advertise the models this machine serves"})
     if row["verdict"] == "too_many_executors":
         raise forbidden(f"this token holds {settings.max_executors_per_token:,} executor names already, the most "
                         "one token may register (MINIONS_MAX_EXECUTORS_PER_TOKEN); register again under one of "
