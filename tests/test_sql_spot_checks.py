@@ -30,6 +30,12 @@ async def _cluster(database_url: str, *, share: float = 1.0, executors: int = 3,
     return conn, task_id, ids
 
 
+async def _vouch(conn: asyncpg.Connection, executor: uuid.UUID) -> None:
+    """An admin vouches for the executor's token (`minions token create --trusted`)."""
+    await conn.execute("UPDATE api_tokens SET trusted = true WHERE id = (SELECT token_id FROM executors WHERE id = $1)",
+                       executor)
+
+
 async def _claim(conn: asyncpg.Connection, executor: uuid.UUID, n: int = 1) -> list[asyncpg.Record]:
     rows = await conn.fetch(CLAIM, executor, n)
     return [r for r in rows if r["verdict"] == "leased"]
@@ -56,8 +62,9 @@ async def test_checked_result_is_held_until_a_replica_agrees(database_url: str) 
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     outcomes = await conn.fetch("SELECT executor_id, outcome FROM subtask_attempts WHERE task_id = $1", task_id)
     assert sorted((o["executor_id"] == a, o["outcome"]) for o in outcomes) == [(False, "agreed"), (True, "done")]
+    # Two strangers agreeing earn no trust (issue 39): only agreeing with a trusted executor does.
     trust = await conn.fetch("SELECT id, agreements FROM executors WHERE id = ANY ($1)", [a, b])
-    assert {t["agreements"] for t in trust} == {1}
+    assert {t["agreements"] for t in trust} == {0}
     assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
     await conn.close()
 
@@ -166,6 +173,7 @@ async def test_quarantine_releases_leases_and_reruns_committed_results(database_
 async def test_untrusted_executor_is_checked_until_it_earns_trust(database_url: str) -> None:
     conn, _task_id, (a, b, _) = await _cluster(database_url, share=0.0, subtasks=4)
     await conn.execute("SET minions.trust_agreements = '1'")
+    await _vouch(conn, b)  # trust is earned only by agreeing with a trusted executor
     [lease] = await _claim(conn, a)
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"  # new: checked whatever the share
     [replica] = await _claim(conn, b)
@@ -308,9 +316,10 @@ async def test_a_check_that_cannot_finish_ends_after_the_wait(database_url: str)
     await conn.close()
 
 
-async def test_one_owner_does_not_replicate_itself_while_another_could(database_url: str) -> None:
-    """Two executors of one API token could agree on a lie: while an executor of another token could run
-    the replica, the other of the same token is not offered it; once none could, it is."""
+async def test_one_owner_never_replicates_itself(database_url: str) -> None:
+    """Two executors of one API token could agree on a lie (or frame a third): the other of the same
+    token is never offered the replica, not even once no executor of another token could run it
+    (issue 39: it was then, and a hostile's second name cast the deciding vote)."""
     conn = await connect(database_url)
     await conn.execute("SET minions.spot_check_share = '1'")
     task_id = await make_task(conn, subtasks=1)
@@ -323,10 +332,69 @@ async def test_one_owner_does_not_replicate_itself_while_another_could(database_
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
     assert await _claim(conn, a2) == []
     await silence(conn, b, 3600)
-    [replica] = await _claim(conn, a2)
-    assert replica["subtask_id"] == 0
+    assert await _claim(conn, a2) == []
+    assert await conn.fetchval(STATE, task_id, 0) == "checking"
+    await conn.close()
+
+
+async def test_one_owner_of_several_tokens_never_replicates_itself(database_url: str) -> None:
+    """Owners, not tokens: two tokens issued to one owner are one voice."""
+    conn = await connect(database_url)
+    await conn.execute("SET minions.spot_check_share = '1'")
+    task_id = await make_task(conn, subtasks=1)
+    _, first = await make_token(conn, "executor")
+    _, second = await make_token(conn, "executor")
+    _, stranger = await make_token(conn, "executor")
+    await conn.execute("UPDATE api_tokens SET owner = 'acme' WHERE id = ANY ($1)", [first, second])
+    a = await make_executor(conn, first, name="acme-a")
+    a2 = await make_executor(conn, second, name="acme-b")
+    b = await make_executor(conn, stranger, name="stranger")
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    assert await _claim(conn, a2) == []
+    [replica] = await _claim(conn, b)
     assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    await conn.close()
+
+
+async def test_a_vouched_executor_is_never_checked_and_its_replica_settles(database_url: str) -> None:
+    """Trusted machines (issue 39): a vouched executor's results commit without a check, so no
+    volunteer's vote reaches it; a volunteer's held result goes to a vouched replica while one could
+    run it (another volunteer is not offered it); the vouched replica's differing result commits and
+    the volunteer is outvoted, and agreeing with it is how a volunteer earns trust."""
+    conn, task_id, (honest, liar, other) = await _cluster(database_url, subtasks=2)
+    await _vouch(conn, honest)
+    [lease] = await _claim(conn, honest)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"  # share 1, and still not checked
+    [lease] = await _claim(conn, liar)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    held = lease["subtask_id"]
+    assert await _claim(conn, other) == []  # a volunteer is not offered it while a vouched could run it
+    [replica] = await _claim(conn, honest)
+    assert replica["subtask_id"] == held
+    assert await conn.fetchval(VOTE, replica["lease_token"], None) == "settled"  # the trusted voice
+    sub = await conn.fetchrow("SELECT state, lease_token FROM subtasks WHERE task_id = $1 AND subtask_id = $2",
+                              task_id, held)
+    assert sub["state"] == "done" and sub["lease_token"] == replica["lease_token"]  # the vouched result
+    outcomes = dict(await conn.fetch("SELECT lease_token, outcome FROM subtask_attempts WHERE task_id = $1 "
+                                     "AND subtask_id = $2", task_id, held))
+    assert outcomes == {lease["lease_token"]: "outvoted", replica["lease_token"]: "done"}
+    row = await conn.fetchrow("SELECT disagreements, agreements FROM executors WHERE id = $1", liar)
+    assert (row["disagreements"], row["agreements"]) == (1, 0)
+    assert await conn.fetchval("SELECT disagreements FROM executors WHERE id = $1", honest) == 0
+    await conn.close()
+
+
+async def test_a_vouched_executor_is_never_quarantined_by_votes(database_url: str) -> None:
+    """Even outvoted twice (it cannot be, as its results are never checked: a defence in depth), a
+    vouched executor is not quarantined."""
+    conn, _task_id, (honest, a, b) = await _cluster(database_url)
+    await _vouch(conn, honest)
+    for n in range(3):
+        await conn.execute("SELECT minion_executors_voted($1, $2, 1, $3)", [a, b], [honest], n)
+    row = await conn.fetchrow("SELECT disagreements, quarantined_at FROM executors WHERE id = $1", honest)
+    assert row["disagreements"] == 3 and row["quarantined_at"] is None
     await conn.close()
 
 
@@ -451,6 +519,7 @@ async def test_sampled_completions_are_checked_where_they_carry_proofs(database_
         await conn.execute("SELECT minion_set_executor_fingerprints($1, $2::jsonb)", executor, [entry])
         ids.append(executor)
     proving, other_proving, plain = ids
+    await _vouch(conn, other_proving)  # the one whose word earns the prover trust
     [lease] = await _claim(conn, plain)
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"  # no proofs: not checked
     [lease] = await _claim(conn, proving)

@@ -38,6 +38,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--label", default="", help="a note saying who or what holds it")
     p.add_argument("--expires-in", type=tokens.duration_s, default=None, metavar="DURATION",
                    help="the token stops working after this long: 3600, 90m, 12h, 30d, 2w (default: never)")
+    p.add_argument("--owner", default=None, metavar="WHO",
+                   help="the person or organisation it is issued to: spot checks count owners, so one owner's "
+                        "machines never check each other (default: the token is its own owner)")
+    p.add_argument("--trusted", action="store_true",
+                   help="an executor token whose machines you vouch for: their results commit without a check "
+                        "and settle volunteers' checks (default: a volunteer's)")
     p.set_defaults(handler=token_create)
     tokens.add_parsers(token_sub, _database_flags)
 
@@ -68,11 +74,12 @@ def db_migrate(args: argparse.Namespace) -> int:
 
 
 async def create_token(url: str, role: str, team: str | None, label: str, token: str | None = None,
-                       expires_in_s: float | None = None) -> str:
+                       expires_in_s: float | None = None, owner: str | None = None, trusted: bool = False) -> str:
     token = token or new_token()
     conn = await connect(url)
     try:
-        await conn.execute(Q.insert_token, hash_token(token), token_prefix(token), role, team, label, expires_in_s)
+        await conn.execute(Q.insert_token, hash_token(token), token_prefix(token), role, team, label, expires_in_s,
+                           owner, trusted)
     finally:
         await conn.close()
     return token
@@ -81,8 +88,13 @@ async def create_token(url: str, role: str, team: str | None, label: str, token:
 def token_create(args: argparse.Namespace) -> int:
     if args.team is not None and not is_name(args.team):
         raise SystemExit(f"minions: {args.team!r} is not a valid team name")
+    if args.trusted and args.role != "executor":
+        raise SystemExit("minions: --trusted is for executor tokens (machines an admin vouches for)")
+    if args.owner is not None and (not 1 <= len(args.owner) <= 200 or args.owner.startswith("token:")
+                                   or "\x00" in args.owner):
+        raise SystemExit("minions: --owner must be 1-200 characters, not starting with 'token:'")
     print(asyncio.run(create_token(database_url(args), args.role, args.team, args.label,
-                                   expires_in_s=args.expires_in)))
+                                   expires_in_s=args.expires_in, owner=args.owner, trusted=args.trusted)))
     return 0
 
 

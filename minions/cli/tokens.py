@@ -32,7 +32,8 @@ def duration_s(text: str) -> float:
 def add_parsers(token_sub: argparse._SubParsersAction[argparse.ArgumentParser],
                 common: Any) -> None:
     """`common(parser)` adds the database flags `token create` has."""
-    p = token_sub.add_parser("list", help="list tokens: id, prefix, role, team, label, status (never a secret)")
+    p = token_sub.add_parser("list", help="list tokens: id, prefix, role, team, status, trust, owner, label "
+                                          "(never a secret)")
     common(p)
     p.add_argument("--status", choices=("active", "expired", "revoked"), default=None, help="only these")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
@@ -75,9 +76,10 @@ def token_list(args: argparse.Namespace) -> int:
         print(jsoncodec.dumps_str([{k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in r.items()}
                                    for r in rows]))
         return 0
-    header = ("ID", "PREFIX", "ROLE", "TEAM", "STATUS", "CREATED", "EXPIRES", "LABEL")
+    header = ("ID", "PREFIX", "ROLE", "TEAM", "STATUS", "TRUST", "OWNER", "CREATED", "EXPIRES", "LABEL")
     table = [header] + [
         (str(r["id"]), (r["prefix"] + "…") if r["prefix"] else "-", r["role"], r["team"] or "(all)", r["status"],
+         "trusted" if r["trusted"] else ("volunteer" if r["role"] == "executor" else "-"), r["owner"],
          _when(r["created_at"]), _when(r["expires_at"]), r["label"])
         for r in rows
     ]

@@ -11,11 +11,14 @@ import asyncpg
 from minions.tokens import hash_token, new_token
 
 
-async def make_token(conn: asyncpg.Connection, role: str, team: str | None = None) -> tuple[str, int]:
+async def make_token(conn: asyncpg.Connection, role: str, team: str | None = None, *,
+                     trusted: bool = False, owner: str | None = None) -> tuple[str, int]:
+    """A token (secret, id); `trusted`: an executor token an admin vouches for; `owner`: whom it was
+    issued to (None: itself)."""
     token = new_token()
     token_id = await conn.fetchval(
-        "INSERT INTO api_tokens (token_hash, role, team) VALUES ($1, $2, $3) RETURNING id",
-        hash_token(token), role, team,
+        "INSERT INTO api_tokens (token_hash, role, team, trusted, owner) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        hash_token(token), role, team, trusted, owner,
     )
     return token, token_id
 

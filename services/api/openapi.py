@@ -267,6 +267,12 @@ def _request_schemas() -> dict[str, Schema]:
                 "expires_in_s": _nullable({"type": "number", "exclusiveMinimum": True, "minimum": 0,
                                            "maximum": 10 * 365 * 86400,
                                            "description": "Seconds until it stops working (absent: never)."}),
+                "owner": _nullable({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^(?!token:)",
+                                    "description": "Whom it is issued to (a person or organisation): spot checks "
+                                                   "count owners (absent: the token is its own owner)."}),
+                "trusted": {"type": "boolean", "description": "An executor token whose machines an admin vouches "
+                                                              "for: results commit without a check and settle "
+                                                              "volunteers' checks (default false: a volunteer's)."},
             },
         },
     }
@@ -339,6 +345,8 @@ def _token_schema(secret: bool = False) -> Schema:
         "created_at": _timestamp(),
         "expires_at": _timestamp(nullable=True),
         "revoked_at": _timestamp(nullable=True),
+        "owner": {"type": "string", "description": "Whom it was issued to; `token:<id>` when none was named."},
+        "trusted": {"type": "boolean", "description": "An executor token an admin vouches for."},
     }
     if secret:
         properties = {"token": {"type": "string", "description": "The secret: shown this once, stored hashed."},

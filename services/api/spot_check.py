@@ -44,7 +44,8 @@ async def vote(pool: Any, store: ObjectStore, settings: Settings, token: uuid.UU
                seconds: float | None,
                copy: tuple[str | None, bytes | None, int | None, bytes | None, int | None]) -> str:
     """A replica's complete: its verified copy compared with its subtask's held results, then its vote
-    (minion_check_vote): 'agreed', 'disputed', 'no_quorum', or why it counts for nothing ('lost', ...).
+    (minion_check_vote): 'agreed', 'settled' (a vouched replica's own result committed), 'disputed',
+    'no_quorum', or why it counts for nothing ('lost', ...).
     A vote that quarantined a voter is followed by the rest of the quarantine, in its own transaction."""
     key, sha256, size, kept, dimension = copy
     held = await pool.fetch(Q.check_candidates, token)
@@ -68,6 +69,6 @@ async def vote(pool: Any, store: ObjectStore, settings: Settings, token: uuid.UU
     verdict = await pool.fetchval(Q.check_vote, token, records, seconds, key, sha256, size, kept, dimension,
                                   agrees_with)
     log.info("spot_check_vote", token=str(token), agrees_with=agrees_with, verdict=verdict)
-    if verdict == "agreed" and (rerun := await pool.fetchval(Q.settle_quarantines)):
+    if verdict in ("agreed", "settled") and (rerun := await pool.fetchval(Q.settle_quarantines)):
         log.warning("quarantines_settled", subtasks_rerun=rerun)
     return str(verdict)

@@ -17,7 +17,7 @@ SELECT * FROM minion_tokens WHERE $1::text IS NULL OR status = $1 ORDER BY id;
 SELECT * FROM minion_tokens WHERE id = $1;
 
 -- name: create_token
-SELECT minion_create_token($1, $2, $3, $4, $5, $6);
+SELECT minion_create_token($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: revoke_token
 SELECT minion_revoke_token($1);

@@ -2,7 +2,7 @@
 
 -- name: insert_token
 -- $1 hash, $2 prefix, $3 role, $4 team, $5 label, $6 seconds until it expires (NULL: never)
-SELECT minion_create_token($1, $2, $3, $4, $5, $6);
+SELECT minion_create_token($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: list_tokens
 -- $1 status filter (NULL: all). Never the hash: a listing shows the prefix and id only.

@@ -25,7 +25,14 @@ CREATE TABLE api_tokens (
     expires_at  timestamptz,                      -- NULL: never expires
     -- The first characters of the secret ('mn_' and 5 more: 30 of its 256 random bits), shown by
     -- `minions token list`.
-    prefix      text CHECK (length(prefix) <= 16)
+    prefix      text CHECK (length(prefix) <= 16),
+    -- Who the token was issued to (a person or an organisation): spot checks count owners, not
+    -- tokens or executor names (sql/schema/11_checks.sql). NULL: the token is its own owner.
+    owner       text CHECK (owner IS NULL OR (length(owner) BETWEEN 1 AND 200 AND owner !~ '^token:')),
+    -- An executor token an admin vouches for (`minions token create --trusted`): its machines'
+    -- results commit without a check and settle volunteers' checks; any other executor token is a
+    -- volunteer's.
+    trusted     boolean NOT NULL DEFAULT false
 );
 
 -- ---------------------------------------------------------------------------------------------

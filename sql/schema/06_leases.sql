@@ -904,10 +904,11 @@ END $$;
 -- wanted (minion_claim_some_in; a team with a lease cap only up to its room, never from the whole
 -- queue); with nothing pending and p_backup_factor > 0,
 -- one backup of a straggler. The leases won that are chosen for a check are marked (check_token) in
--- one UPDATE, only when the share may choose any: all of an executor not trusted, else each with its
--- team's share (minions.spot_check_team_shares) or minions.spot_check_share; only checkable ones
--- (minion_checkable, or a sampled completion with proofs: minion_executor_proves) that another
--- executor could replicate now (minion_replica_executors).
+-- one UPDATE, only when the share may choose any: none of a vouched executor (11_checks.sql), all of
+-- an executor not trusted, else each with its team's share (minions.spot_check_team_shares) or
+-- minions.spot_check_share; only checkable ones (minion_checkable, or a sampled completion with
+-- proofs: minion_executor_proves) that an executor of another owner could replicate now
+-- (minion_replica_executors).
 --
 -- Tasks of the leases won are read in the lookup that lists them, and only those still 'splitting' or
 -- 'queued' are marked running (an UPDATE that changes nothing still opens the table's indexes and
@@ -937,6 +938,7 @@ DECLARE
     backup_tok uuid;
     replica_tok uuid;
     share double precision;
+    vouched boolean;
     team_shares text;
     starting bigint;
     ex executors%ROWTYPE;
@@ -1005,9 +1007,13 @@ BEGIN
     END IF;
 
     IF cardinality(won) > 0 THEN
-        share := CASE WHEN ex.trusted OR minion_trust_setting('trust_agreements', 0) <= 0
+        -- A vouched executor's results are never checked (issue 39: volunteers' replicas could frame it).
+        vouched := minion_executor_vouched(p_executor);
+        share := CASE WHEN vouched THEN 0
+                      WHEN ex.trusted OR minion_trust_setting('trust_agreements', 0) <= 0
                       THEN minion_trust_setting('spot_check_share', 0) ELSE 1 END;
-        team_shares := CASE WHEN share < 1 THEN nullif(current_setting('minions.spot_check_team_shares', true), '') END;
+        team_shares := CASE WHEN share < 1 AND NOT vouched
+                            THEN nullif(current_setting('minions.spot_check_team_shares', true), '') END;
         IF share > 0 OR team_shares IS NOT NULL THEN
             UPDATE subtasks s SET check_token = s.lease_token
               FROM tasks t

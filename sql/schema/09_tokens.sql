@@ -3,26 +3,42 @@
 -- changes, so every API process drops its cached entry at once instead of serving a revoked token
 -- from its cache.
 
--- A token as it may be shown: everything but its hash. status: active, expired or revoked.
+-- A token as it may be shown: everything but its hash. status: active, expired or revoked; owner:
+-- whom it was issued to (its own `token:<id>` when none was named); trusted: vouched for by an admin.
 CREATE VIEW minion_tokens AS
 SELECT id, prefix, role, team::text AS team, label, created_at, expires_at, revoked_at,
        CASE WHEN revoked_at IS NOT NULL THEN 'revoked'
             WHEN expires_at IS NOT NULL AND expires_at <= now() THEN 'expired'
-            ELSE 'active' END AS status
+            ELSE 'active' END AS status,
+       coalesce(owner, 'token:' || id) AS owner, trusted
   FROM api_tokens;
+
+-- The owner a token counts as in spot checks: the one it was issued to, else itself.
+CREATE FUNCTION minion_token_owner(p_token_id bigint) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce(t.owner, 'token:' || t.id) FROM api_tokens t WHERE t.id = p_token_id
+$$;
 
 -- A new token (its hash; the secret never reaches the database). The same hash again (`minions up`
 -- re-installing its admin token at every start) changes nothing, not even a revocation, and
--- returns NULL.
+-- returns NULL. p_owner: whom it is issued to (NULL: itself); p_trusted: an executor token an admin
+-- vouches for (check_violation for another role: only machines are vouched for).
 CREATE FUNCTION minion_create_token(p_hash bytea, p_prefix text, p_role text, p_team text, p_label text,
-                                    p_expires_in_s double precision)
-RETURNS bigint LANGUAGE sql AS $$
-    INSERT INTO api_tokens (token_hash, prefix, role, team, label, expires_at)
+                                    p_expires_in_s double precision, p_owner text, p_trusted boolean)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    made bigint;
+BEGIN
+    IF coalesce(p_trusted, false) AND p_role <> 'executor' THEN
+        RAISE EXCEPTION 'only an executor token is trusted' USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO api_tokens (token_hash, prefix, role, team, label, expires_at, owner, trusted)
     VALUES (p_hash, p_prefix, p_role, p_team, coalesce(p_label, ''),
-            now() + make_interval(secs => p_expires_in_s))   -- NULL seconds: NULL, never expires
+            now() + make_interval(secs => p_expires_in_s),   -- NULL seconds: NULL, never expires
+            p_owner, coalesce(p_trusted, false))
     ON CONFLICT (token_hash) DO NOTHING
-    RETURNING id
-$$;
+    RETURNING id INTO made;
+    RETURN made;
+END $$;
 
 -- Revoke a token: its revocation time (the first one, for a token already revoked), or NULL when
 -- there is no such token. The trigger below tells every API process.

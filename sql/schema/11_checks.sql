@@ -17,6 +17,19 @@
 --   disagrees with the one   -> it is held as a second candidate; a third executor runs it;
 --   disagrees with both      -> no quorum: both dropped, the subtask runs again from the queue
 --                               (failed for good once out of attempts), nobody blamed.
+-- Trusted machines and volunteers (issue 39). An executor token is a volunteer's unless an admin
+-- vouched for it (api_tokens.trusted: `minions token create --trusted`; `minions up`'s local agents),
+-- and every token has an owner (the person or organisation it was issued to; itself by default).
+-- Quorums count owners, not tokens or names: a replica is never of a candidate's owner, so one owner's
+-- machines (a token's many names, or several tokens issued to one owner) cannot check each other or
+-- outvote another. A vouched executor's leases are never chosen for a check (its results commit at
+-- once, so volunteers' votes can never reach it), and it is the trusted voice: the replica of a
+-- volunteer's held result goes to a vouched executor wherever one could run it (another volunteer
+-- only when none could), and a vouched replica's result settles the check (agreeing, the candidate
+-- commits; disagreeing, its own result commits and the candidates are outvoted). Volunteers earn
+-- trust only by agreeing with a trusted executor (vouched, or one that earned trust so): two
+-- strangers agreeing with each other earn nothing.
+--
 -- Trust: each executor counts agreements and disagreements; `trusted` once it has agreed
 -- minions.trust_agreements times with model fingerprints reported (reset when they change). The
 -- losing side of a 2-to-1 quorum gains a disagreement, and at minions.quarantine_after it is
@@ -85,34 +98,54 @@ LANGUAGE sql STABLE AS $$
             OR NOT EXISTS (SELECT 1 FROM executors e, unnest(e.kinds) k WHERE e.id = p_executor AND k <> 'sleep'))
 $$;
 
+-- The owner executor p_executor counts as (its token's: minion_token_owner).
+CREATE FUNCTION minion_executor_owner(p_executor uuid) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT minion_token_owner(e.token_id) FROM executors e WHERE e.id = p_executor
+$$;
+
+-- Whether an admin vouched for executor p_executor's token (a trusted machine, not a volunteer's).
+CREATE FUNCTION minion_executor_vouched(p_executor uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT t.trusted FROM executors e JOIN api_tokens t ON t.id = e.token_id
+                      WHERE e.id = p_executor), false)
+$$;
+
+-- Whether p_executor's word counts toward another's trust: vouched for, or trusted by agreeing so.
+CREATE FUNCTION minion_executor_trusted(p_executor uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT minion_executor_vouched(p_executor)
+        OR coalesce((SELECT e.trusted FROM executors e WHERE e.id = p_executor), false)
+$$;
+
 -- The executors a replica of a subtask (capability p_cap, team p_team, task fingerprint p_fp) could
--- go to, other than p_not: the executors whose claim minion_claim_replica would serve it. Online and
--- heard from within the lease timeout, not quarantined, serving p_cap, of p_team's scope, of the
--- task's fingerprint when it has one.
+-- go to, other than p_not and every executor of their owners: the executors whose claim
+-- minion_claim_replica would serve it. Online and heard from within the lease timeout, not
+-- quarantined, serving p_cap, of p_team's scope, of the task's fingerprint when it has one.
+-- vouched: an admin vouched for its token.
 CREATE FUNCTION minion_replica_executors(p_cap text, p_team text, p_fp text, p_not uuid[])
-RETURNS TABLE (id uuid, token_id bigint) LANGUAGE sql STABLE AS $$
-    SELECT e.id, e.token_id FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+RETURNS TABLE (id uuid, token_id bigint, vouched boolean) LANGUAGE sql STABLE AS $$
+    SELECT e.id, e.token_id, t.trusted FROM executors e JOIN heartbeats h ON h.executor_id = e.id
+      JOIN api_tokens t ON t.id = e.token_id
      WHERE e.status = 'online' AND e.quarantined_at IS NULL AND p_cap = ANY (e.capabilities)
        AND NOT (e.id = ANY (p_not))
+       AND coalesce(t.owner, 'token:' || t.id) <> ALL (ARRAY(SELECT minion_executor_owner(x) FROM unnest(p_not) x))
        AND (e.team IS NULL OR e.team = p_team)
        AND h.alive_at > now() - make_interval(secs => minion_lease_timeout_s())
        AND (p_fp IS NULL OR p_cap = 'sleep:*' OR minion_executor_fingerprint(e.id, p_cap) = p_fp)
 $$;
 
--- Whether executor p_executor (of API token p_token_id) may run the replica of checking subtask
--- (p_task_id, p_subtask_id): it produced none of its candidates, and it is of another token than
--- theirs unless no executor of another token could run it (one owner's machines do not form a
--- quorum while another owner's could).
+-- Whether executor p_executor may run the replica of checking subtask (p_task_id, p_subtask_id): it
+-- is of none of its candidates' owners (one owner's machines never check each other, however many
+-- names or tokens it has), and it is vouched for or no vouched executor could run it now (strangers
+-- check strangers only where no trusted voice can).
 CREATE FUNCTION minion_replica_allowed(p_executor uuid, p_token_id bigint, p_task_id bigint, p_subtask_id integer,
                                        p_cap text, p_team text, p_fp text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    WITH held AS (SELECT c.executor_id, e.token_id FROM subtask_checks c JOIN executors e ON e.id = c.executor_id
+    WITH held AS (SELECT c.executor_id FROM subtask_checks c
                    WHERE c.task_id = p_task_id AND c.subtask_id = p_subtask_id)
-    SELECT NOT EXISTS (SELECT 1 FROM held WHERE held.executor_id = p_executor)
-       AND (NOT EXISTS (SELECT 1 FROM held WHERE held.token_id = p_token_id)
+    SELECT minion_token_owner(p_token_id) <> ALL (ARRAY(SELECT minion_executor_owner(executor_id) FROM held))
+       AND (minion_executor_vouched(p_executor)
             OR NOT EXISTS (SELECT 1 FROM minion_replica_executors(p_cap, p_team, p_fp,
                                                                    ARRAY(SELECT executor_id FROM held)) o
-                            WHERE o.token_id <> ALL (ARRAY(SELECT token_id FROM held))))
+                            WHERE o.vouched))
 $$;
 
 -- Whether the task's pinned vector length admits p_dimension, without fixing it (a held result
@@ -242,17 +275,20 @@ BEGIN
     END LOOP;
     UPDATE executors SET disagreements = disagreements + 1, trusted = false, agreements = 0
      WHERE id = ANY (p_outvoted);
+    -- A vouched executor is never quarantined by votes (none of its results is checked, and its own
+    -- vote settles a check: no quorum can outvote it); an admin's word put it there.
     UPDATE executors
        SET quarantined_at = now(), quarantine_settled = false,
            quarantine_reason = format('outvoted %s times by other executors'' results (last: task %s, subtask %s)',
                                       disagreements, p_task_id, p_subtask_id)
-     WHERE id = ANY (p_outvoted) AND quarantined_at IS NULL
+     WHERE id = ANY (p_outvoted) AND quarantined_at IS NULL AND NOT minion_executor_vouched(id)
        AND disagreements >= minion_trust_setting('quarantine_after', 2);
 END $$;
 
 -- A replica's vote, after the API compared its verified output with the candidates of its subtask:
 -- p_agrees_with the round of the candidate it matches, NULL for none. Returns 'agreed' (that
--- candidate committed), 'disputed' (this result held as the second candidate: a third executor
+-- candidate committed), 'settled' (a vouched replica agreeing with none: its own result committed,
+-- the candidates outvoted), 'disputed' (this result held as the second candidate: a third executor
 -- runs the subtask), 'no_quorum' (three different answers: the subtask runs again, or fails once out
 -- of attempts), or what minion_complete would ('lost', 'cancelled', 'records_mismatch',
 -- 'dimension_mismatch').
@@ -292,11 +328,15 @@ BEGIN
                                       outcome, records, seconds)
         VALUES (s.task_id, s.subtask_id, s.attempts, b.executor_id, p_token, b.leased_at, 'agreed',
                 p_records, p_seconds);
-        -- The quorum stands whatever happens to the result: the loser is blamed. A completion replica
-        -- was shown the held results to verify their proofs (it could echo them without work), so its
-        -- agreement earns it nothing: trust comes from one's own results agreed with.
-        PERFORM minion_executors_voted(ARRAY[w.executor_id]
-                                       || CASE WHEN s.capability LIKE 'completion:%' THEN '{}'::uuid[]
+        -- The quorum stands whatever happens to the result: the loser is blamed. Trust is earned only
+        -- by agreeing with a trusted executor (vouched, or trusted so already): two strangers agreeing
+        -- earn nothing. A completion replica was shown the held results to verify their proofs (it
+        -- could echo them without work), so its agreement earns it nothing: trust comes from one's own
+        -- results agreed with.
+        PERFORM minion_executors_voted(CASE WHEN minion_executor_trusted(b.executor_id) THEN ARRAY[w.executor_id]
+                                            ELSE '{}'::uuid[] END
+                                       || CASE WHEN s.capability LIKE 'completion:%'
+                                                    OR NOT minion_executor_trusted(w.executor_id) THEN '{}'::uuid[]
                                                ELSE ARRAY[b.executor_id] END,
                                        CASE WHEN l.lease_token IS NULL THEN '{}'::uuid[] ELSE ARRAY[l.executor_id] END,
                                        s.task_id, s.subtask_id);
@@ -312,6 +352,36 @@ BEGIN
             PERFORM minion_recheck_subtask(s, 'the agreed vectors'' length is not the task''s');
         END IF;
         RETURN 'agreed';
+    END IF;
+
+    IF minion_executor_vouched(b.executor_id) THEN
+        -- The trusted voice: a vouched replica that agrees with no candidate settles the check with
+        -- its own result; every candidate is outvoted (and blamed).
+        PERFORM minion_executors_voted('{}'::uuid[],
+                                       ARRAY(SELECT c.executor_id FROM subtask_checks c
+                                              WHERE c.task_id = s.task_id AND c.subtask_id = s.subtask_id),
+                                       s.task_id, s.subtask_id);
+        UPDATE subtask_attempts a SET outcome = 'outvoted', error = 'a trusted executor''s result differs'
+          FROM subtask_checks c
+         WHERE c.task_id = s.task_id AND c.subtask_id = s.subtask_id
+           AND a.task_id = c.task_id AND a.subtask_id = c.subtask_id AND a.lease_token = c.lease_token
+           AND a.outcome = 'candidate';
+        DELETE FROM subtask_checks WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
+        INSERT INTO subtask_checks (task_id, subtask_id, round, lease_token, executor_id, attempt, output_key,
+                                    result_key, result_sha256, result_bytes, result_data, dimension, records,
+                                    seconds, started_at)
+        VALUES (s.task_id, s.subtask_id, 1, p_token, b.executor_id, s.attempts,
+                minion_output_key(s.task_id, s.subtask_id, s.attempts, p_token),
+                p_result_key, p_sha256, p_bytes, p_result_data, p_dimension, p_records, p_seconds, b.leased_at)
+        RETURNING * INTO w;
+        INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
+                                      outcome, records, seconds)
+        VALUES (s.task_id, s.subtask_id, s.attempts, b.executor_id, p_token, b.leased_at, 'candidate',
+                p_records, p_seconds);
+        IF NOT minion_commit_candidate(s, w, 'done', NULL) THEN
+            PERFORM minion_recheck_subtask(s, 'the trusted executor''s vectors'' length is not the task''s');
+        END IF;
+        RETURN 'settled';
     END IF;
 
     IF n = 1 THEN

@@ -1,7 +1,7 @@
 """Spot checks with real agents: every subtask checked (MINIONS_SPOT_CHECK_SHARE=1), two agent
 processes of two tokens run a sleep task; each result is held until the other agent's replica (a
 backup lease to the agent, heartbeated like any) agrees, and the task completes with every subtask
-agreed once, nothing held, nobody quarantined."""
+agreed once, nothing held, nobody quarantined, and (two volunteers) neither earning trust."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ async def test_two_agents_check_each_other(services: Services) -> None:
             assert "done" in row["o"] and "agreed" in row["o"], (row, fleets[0].logs(), fleets[1].logs())
             assert "candidate" not in row["o"] and "outvoted" not in row["o"], row
         assert await conn.fetchval("SELECT count(*) FROM executors WHERE quarantined_at IS NOT NULL") == 0
-        assert await conn.fetchval("SELECT min(agreements) FROM executors") >= RECORDS // 2
+        # Two volunteers agreeing with each other earn no trust (issue 39): only a trusted voice gives it.
+        assert await conn.fetchval("SELECT max(agreements) FROM executors") == 0
         assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
     finally:
         for fleet in fleets:

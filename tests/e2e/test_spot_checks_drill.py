@@ -1,5 +1,6 @@
-"""The liar and sleeper drills: two honest agents (real processes, the bundled all-MiniLM-L6-v2 at fp32) and one
-executor of another owner that answers random unit vectors of the right length for every record,
+"""The liar and sleeper drills: two honest agents (real processes, the bundled all-MiniLM-L6-v2 at fp32,
+of a token an admin vouched for, as `minions up`'s are) and one volunteer executor of another owner
+that answers random unit vectors of the right length for every record,
 from its first lease, under the default spot-check settings (share 2%, trust after 5 agreements,
 quarantine after 2 lost quorums). It reports the honest agents' model fingerprint, so the model pin
 lets it in, and its output passes every shape check: only replication can catch it.
@@ -9,7 +10,9 @@ sentence-transformers', the liar is quarantined (403 `quarantined`, with the rea
 committed result, and on the next task it gets no lease. Before replicated checks its random vectors
 were committed and the task completed with them.
 
-The sleeper answers sentence-transformers' own vectors for its first 20 leases (it earns trust), then
+The sleeper answers sentence-transformers' own vectors for its first 8 leases (it earns trust by agreeing
+with the vouched agents' replicas: they are never checked themselves, so they run faster and leave it
+fewer leases than when every agent was checked), then
 the same with noise (cosine about 0.95 to the truth). Only the random share can catch it now; the
 drill raises the share to 0.25 so that it happens within one task here (at 2% it takes about 50
 checked leases, the same thing, slower). Its results committed before it was caught are run again
@@ -36,6 +39,7 @@ from tests.e2e.test_agent_e2e import MINILM, cluster
 
 RECORDS = embedding_records(200)
 LIAR = "liar"
+SLEEPER_HONEST_FOR = 8  # leases the sleeper answers honestly (trust after 5 agreements) before it lies
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +190,8 @@ async def test_a_liar_among_honest_agents_is_caught_and_quarantined(database_url
             assert "done" not in by_outcome and by_outcome.get("outvoted", 0) >= 2, by_outcome
             listed = {e["name"]: e["trust"] for e in await c.client.executors()}
             assert listed[LIAR]["quarantined_at"] and "outvoted" in listed[LIAR]["quarantine_reason"], listed
-            assert all(listed[n]["quarantined_at"] is None and listed[n]["agreements"] > 0
+            # The vouched agents are never checked (so never outvoted): their word settled the liar's.
+            assert all(listed[n]["quarantined_at"] is None and listed[n]["disagreements"] == 0
                        for n in ("honest-1", "honest-2")), listed
 
             # The next task: the liar gets no lease of it.
@@ -208,8 +213,9 @@ def _settings(share: str) -> dict[str, str]:
 
 async def _beside_two_agents(c: Any, name: str, answer: Answer, *agent_args: str,
                              kind: str = "embedding", model: str = MINILM) -> Liar:
-    """Two honest agents of one token running `agent_args`, registered, and a hostile executor of
-    another token named `name` that reports their fingerprint and answers as `answer` says."""
+    """Two honest agents of one vouched token running `agent_args`, registered, and a hostile
+    volunteer executor of another token named `name` that reports their fingerprint and answers as
+    `answer` says."""
     for agent in ("honest-1", "honest-2"):
         c.agent("--threads", "1", *agent_args, "--model", model, name=agent, kinds=(kind,))
     await c.registered("honest-1", "honest-2", timeout_s=120)
@@ -230,14 +236,14 @@ def _assert_sentence_transformers(results: dict[Any, list[float]], expected: np.
 async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again(database_url: str,
                                                                                   tmp_path: Path) -> None:
     reference = asyncio.get_running_loop().run_in_executor(None, _reference)
-    sleeper_answer = await asyncio.to_thread(Sleeper, 20)
+    sleeper_answer = await asyncio.to_thread(Sleeper, SLEEPER_HONEST_FOR)
     async with cluster(database_url, tmp_path, extra_env=_settings("0.25")) as c:
         sleeper = await _beside_two_agents(c, "sleeper", sleeper_answer, "--precision", "fp32")
         async with running(sleeper):
             await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=2)
             task = await c.status("drill", "completed", "failed", "cancelled", timeout_s=300)
             assert task["status"] == "completed", task
-            assert sleeper.leases > 20, sleeper.leases
+            assert sleeper.leases > SLEEPER_HONEST_FOR, sleeper.leases
             _assert_sentence_transformers({r["id"]: r["embedding"] for r in await c.results("drill")},
                                           await reference, RECORDS)
             listed = {e["name"]: e["trust"] for e in await c.client.executors()}
@@ -248,7 +254,7 @@ async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again
             by_outcome = {r["outcome"]: r["n"] for r in outcomes}
             # It earned trust honestly, then was outvoted; what it committed in the open task was revoked.
             assert by_outcome.get("outvoted", 0) >= 2 and by_outcome.get("revoked", 0) >= 1, by_outcome
-            assert "done" not in by_outcome or by_outcome["done"] <= 20, by_outcome
+            assert "done" not in by_outcome or by_outcome["done"] <= SLEEPER_HONEST_FOR, by_outcome
 
 
 def forged_completions(_lease: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -282,9 +288,57 @@ async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url:
             assert liar.leases >= 2
             listed = {e["name"]: e["trust"] for e in await c.client.executors()}
             assert listed[LIAR]["quarantined_at"], listed
-            assert all(listed[n]["quarantined_at"] is None and listed[n]["agreements"] > 0
+            assert all(listed[n]["quarantined_at"] is None and listed[n]["disagreements"] == 0
                        for n in ("honest-1", "honest-2")), listed
             done = await c.conn.fetchval(
                 """SELECT count(*) FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
                     WHERE e.name = $1 AND a.outcome = 'done'""", LIAR)
             assert done == 0
+
+
+def framing(_lease: int, records: list[dict[str, Any]]) -> list[list[float]]:
+    """The framers' answer (issue 39): one fixed vector per record, after a pause, so that their
+    replicas of honest results come in second and their own results disagree with the honest ones."""
+    import time
+
+    time.sleep(1.0)
+    fixed = [1.0] + [0.0] * 383
+    return [fixed for _ in records]
+
+
+async def test_framers_with_one_token_or_two_cannot_quarantine_the_honest_or_commit(database_url: str,
+                                                                                 tmp_path: Path) -> None:
+    """Two colluding executors (two names under one token, then two tokens) read docs/API.md and try
+    what got both honest agents quarantined in 30 s before: register the honest fingerprint, answer one
+    fixed vector per record, and vote against the honest results. The honest agents' token is vouched
+    for (as `minions up`'s are): their results are never checked, so no volunteer's vote reaches them;
+    the framers' held results go to the honest agents' replicas (not to each other: one owner never
+    checks itself, and strangers check strangers only where no trusted voice can), which outvote them.
+    Both tasks complete with sentence-transformers' vectors only; no honest agent is quarantined or
+    outvoted; the framers commit nothing."""
+    reference = asyncio.get_running_loop().run_in_executor(None, _reference)
+    records = RECORDS[:60]
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.02")) as c:
+        first = await _beside_two_agents(c, "framer-a", framing, "--precision", "fp32")
+        second = Liar(c.services.api_url, first.token, first.fingerprint, framing, name="framer-b")  # same token
+        third_token = (await make_token(c.conn, "executor"))[0]
+        fourth_token = (await make_token(c.conn, "executor"))[0]
+        third = Liar(c.services.api_url, third_token, first.fingerprint, framing, name="framer-c")
+        fourth = Liar(c.services.api_url, fourth_token, first.fingerprint, framing, name="framer-d")
+        expected = await reference
+        for task, pair in (("one-token", (first, second)), ("two-tokens", (third, fourth))):
+            async with running(pair[0]), running(pair[1]):
+                await c.submit(task, "embedding", records, model=MINILM, subtask_size=2)
+                done = await c.status(task, "completed", "failed", "cancelled", timeout_s=300)
+                assert done["status"] == "completed", done
+                _assert_sentence_transformers({r["id"]: r["embedding"] for r in await c.results(task)},
+                                              expected, records)
+        listed = {e["name"]: e["trust"] for e in await c.client.executors()}
+        for honest in ("honest-1", "honest-2"):
+            assert listed[honest]["quarantined_at"] is None and listed[honest]["disagreements"] == 0, listed
+        framers = ("framer-a", "framer-b", "framer-c", "framer-d")
+        committed = await c.conn.fetchval(
+            """SELECT count(*) FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
+                WHERE e.name = ANY ($1) AND a.outcome IN ('done', 'unchecked')""", list(framers))
+        assert committed == 0
+        assert sum(liar.leases for liar in (first, second, third, fourth)) >= 2  # they did take part

@@ -146,6 +146,35 @@ async def test_a_list_never_shows_a_secret(apis: TwoApis) -> None:
     assert "ci pipeline" in shown.stdout and created["prefix"] in shown.stdout
 
 
+async def test_a_token_has_an_owner_and_only_an_executor_token_is_vouched_for(apis: TwoApis) -> None:
+    """Spot checks count owners and trust vouched machines (issue 39): the API and the CLI make them
+    alike, refuse `trusted` for another role, and lists show both."""
+    url = apis.urls[0]
+    status, made = await apis.status(url, apis.admin, "POST", "/api/v1/tokens",
+                                     {"role": "executor", "owner": "acme lab", "trusted": True})
+    assert status == 201 and isinstance(made, dict), made
+    assert (made["owner"], made["trusted"]) == ("acme lab", True)
+    status, refused = await apis.status(url, apis.admin, "POST", "/api/v1/tokens", {"role": "user", "trusted": True})
+    assert status == 422 and isinstance(refused, dict) and "trusted" in refused["error"]["fields"], refused
+    status, refused = await apis.status(url, apis.admin, "POST", "/api/v1/tokens",
+                                        {"role": "executor", "owner": "token:7"})
+    assert status == 422 and isinstance(refused, dict) and "owner" in refused["error"]["fields"], refused
+    status, plain = await apis.status(url, apis.admin, "POST", "/api/v1/tokens", {"role": "executor"})
+    assert status == 201 and isinstance(plain, dict)
+    assert (plain["owner"], plain["trusted"]) == (f"token:{plain['id']}", False)  # its own owner, a volunteer
+
+    made_cli = await asyncio.to_thread(cli, "create", "--role", "executor", "--trusted", "--owner", "acme lab",
+                                       "--database-url", apis.database_url)
+    assert made_cli.returncode == 0, made_cli.stderr
+    wrong = await asyncio.to_thread(cli, "create", "--role", "user", "--trusted", "--database-url", apis.database_url)
+    assert wrong.returncode != 0 and "--trusted is for executor tokens" in wrong.stderr
+    listed = await asyncio.to_thread(cli, "list", "--json", "--database-url", apis.database_url)
+    rows = jsoncodec.loads(listed.stdout)
+    assert sum(1 for t in rows if t["owner"] == "acme lab" and t["trusted"]) == 2
+    shown = await asyncio.to_thread(cli, "list", "--database-url", apis.database_url)
+    assert "trusted" in shown.stdout and "volunteer" in shown.stdout and "acme lab" in shown.stdout
+
+
 async def test_an_expiring_token_stops_working_when_it_expires(apis: TwoApis) -> None:
     made = await asyncio.to_thread(cli, "create", "--role", "user", "--team", "search", "--expires-in", "3s",
                                    "--database-url", apis.database_url)

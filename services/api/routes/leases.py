@@ -92,7 +92,7 @@ async def _still_live(request: web.Request, lease: _Lease) -> bool:
 
 # A complete that counts though it commits nothing yet, or commits another's result (sql/schema/11_checks.sql): a result
 # held for its check, or a replica's vote. The executor is answered as for any complete.
-_CHECKED = ("held", "agreed", "disputed", "no_quorum")
+_CHECKED = ("held", "agreed", "settled", "disputed", "no_quorum")
 
 
 def _verdict(verdict: str) -> None:
@@ -158,7 +158,8 @@ async def _finish_complete(request: web.Request, done: _Completing, verdict: str
     if verdict == "replica":  # a spot check's replica: compared with the held results, then its vote
         verdict = await spot_check.vote(request.app[POOL], store, request.app[SETTINGS], done.lease.token,
                                         done.lease.live["kind"], done.records, done.seconds, _copy(done))
-    if verdict not in ("ok", "held", "disputed") and done.verified is not None and done.verified.key is not None:
+    if verdict not in ("ok", "held", "disputed", "settled") and done.verified is not None \
+            and done.verified.key is not None:
         # This call's copy was not committed (the lease ended meanwhile, or a concurrent complete of
         # the same lease won, or its vectors' length is not the task's): nothing refers to it.
         await _discard(store, done.verified.key)

@@ -30,7 +30,8 @@ MAX_TOKEN_ID = 2**63 - 1
 def token_json(row: Any) -> dict[str, Any]:
     return {"id": row["id"], "prefix": row["prefix"], "role": row["role"], "team": row["team"],
             "label": row["label"], "status": row["status"], "created_at": iso(row["created_at"]),
-            "expires_at": iso(row["expires_at"]), "revoked_at": iso(row["revoked_at"])}
+            "expires_at": iso(row["expires_at"]), "revoked_at": iso(row["revoked_at"]), "owner": row["owner"],
+            "trusted": row["trusted"]}
 
 
 @routes.get("/api/v1/tokens")
@@ -43,9 +44,9 @@ async def list_tokens(request: web.Request) -> web.Response:
     return json_response({"tokens": [token_json(r) for r in rows]})
 
 
-def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None]:
+def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None, str | None, bool]:
     errors: dict[str, str] = {}
-    if unknown := sorted(set(body) - {"role", "team", "label", "expires_in_s"}):
+    if unknown := sorted(set(body) - {"role", "team", "label", "expires_in_s", "owner", "trusted"}):
         errors.update({key: "unknown field" for key in unknown})
     role = body.get("role")
     if role not in TOKEN_ROLES:
@@ -60,19 +61,28 @@ def _creation(body: dict[str, Any]) -> tuple[str, str | None, str, float | None]
     if expires_in_s is not None and (isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int | float)
                                      or not 0 < expires_in_s <= MAX_EXPIRES_IN_S):
         errors["expires_in_s"] = f"seconds, above 0 and at most {MAX_EXPIRES_IN_S:.0f} (leave out: never expires)"
+    owner = body.get("owner")
+    if owner is not None and (not isinstance(owner, str) or not 1 <= len(owner) <= 200 or owner.startswith("token:")
+                              or "\x00" in owner):
+        errors["owner"] = "1-200 characters, without NUL, not starting with 'token:' (leave out: the token itself)"
+    trusted = body.get("trusted", False)
+    if not isinstance(trusted, bool):
+        errors["trusted"] = "true or false"
+    elif trusted and role != "executor":
+        errors["trusted"] = "only an executor token is trusted (machines an admin vouches for)"
     if errors:
         raise invalid(errors)
-    return str(role), team, label, None if expires_in_s is None else float(expires_in_s)
+    return str(role), team, label, None if expires_in_s is None else float(expires_in_s), owner, trusted
 
 
 @routes.post("/api/v1/tokens")
 async def create_token(request: web.Request) -> web.Response:
     principal = require(request, "admin")
-    role, team, label, expires_in_s = _creation(await json_object(request, limit=MAX_CREATION_BYTES))
+    role, team, label, expires_in_s, owner, trusted = _creation(await json_object(request, limit=MAX_CREATION_BYTES))
     token = new_token()
     pool = request.app[POOL]
     token_id = await pool.fetchval(Q.create_token, hash_token(token), token_prefix(token), role, team, label,
-                                   expires_in_s)
+                                   expires_in_s, owner, trusted)
     row = await pool.fetchrow(Q.token_by_id, token_id)
     log.info("token_created", token_id=token_id, role=role, team=team, by_token_id=principal.token_id)
     # The only time the secret is ever shown: it is stored hashed.
