@@ -216,10 +216,12 @@ class Agent:
                 # half the bound is free, taking all the room then: while more is queued, the freed
                 # slots add up (one claim of several, not one per finished subtask); later, and the
                 # device would wait.
+                empty_before, self._queue_was_empty = self._queue_was_empty, False
+                # (After an empty answer the next claim waits for a job to move: no spinning. Only
+                # while a job is held: one that left during that claim moved already, and with none
+                # held nothing would wake the wait; the next claim long-polls instead.)
                 if (room <= 0 or (self._jobs.count(QUEUED) > low_water and room < max(1, bound // 2))
-                        or self._queue_was_empty):
-                    # (After an empty answer the next claim waits for a job to move: no spinning.)
-                    self._queue_was_empty = False
+                        or (empty_before and self._jobs)):
                     await self._jobs.wait_for_a_change()
                     continue
                 # A task of its own: the owner's return cancels a long poll begun before it.

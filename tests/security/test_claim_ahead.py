@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from minions.agents.macos.claim_depth import depth_for
+from minions.agents.macos.client import ExecutorClient
+from minions.agents.macos.protocol import Claim
+from minions.testing.waiting import eventually
 from tests.agent.test_agent_loop import Harness, World, running_agent, world
 
 
@@ -52,3 +55,26 @@ async def test_claim_ahead_is_as_deep_as_the_subtasks_duration_calls_for(
         assert [a["outcome"] for a in await w.conn.fetch("SELECT outcome FROM subtask_attempts")] == ["done"] * 304
 
 
+
+
+class _SlowClaimsAhead(ExecutorClient):
+    """The real client, but a claim sent ahead (`wait=0`: the device has work) is answered only after
+    the work in hand has long ended: the answer comes back empty to an agent that holds nothing."""
+
+    async def claim_batch(self, executor_id: str, wait_s: float, most: int) -> list[Claim]:
+        claims = await super().claim_batch(executor_id, wait_s, most)
+        if wait_s == 0:
+            await asyncio.sleep(0.5)
+        return claims
+
+
+async def test_an_empty_claim_ahead_after_the_last_job_left_does_not_stall_the_agent(
+        database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """After a claim ahead found the queue empty the agent waits for a job to move before it claims
+    again; had the last job left while that claim was in flight, nothing would ever move, and the
+    agent would sit idle forever beside new work. It long-polls instead: each new task completes."""
+    async with world(database_url, tmp_path, caplog) as w, running_agent(w, client_type=_SlowClaimsAhead):
+        for n in range(3):
+            name = f"one-{n}"
+            await w.submit(name, "sleep", [{"id": 0, "ms": 100}], subtask_size=1)
+            await eventually(lambda name=name: w.status_is(name, "completed"), f"{name} to complete", timeout_s=20)
