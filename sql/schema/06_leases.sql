@@ -711,14 +711,18 @@ END $$;
 
 -- The tasks among p_task_ids that p_executor may not serve: pinned to another fingerprint, or pinned
 -- by a concurrent claim before this one could. The others not pinned yet are pinned to its
--- fingerprint for their capability. An executor with no reported fingerprint for the task's model
--- ('unknown:<id>') pins nothing and may take a task no one pinned. Sleep tasks are never pinned.
+-- fingerprint for their capability, if an admin vouched for it (sql/schema/11_checks.sql): a
+-- volunteer's fingerprint, made up or not, pins nothing (issue 39: a made-up one claimed a task's
+-- first lease, pinned it, and committed 300 random vectors that no other executor could check). A
+-- volunteer, and an executor with no reported fingerprint for the task's model ('unknown:<id>'),
+-- may take a task no one pinned and leave it unpinned. Sleep tasks are never pinned.
 CREATE FUNCTION minion_claim_pin_tasks(p_executor uuid, p_task_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
     t record;
     now_pinned text;
     refused bigint[] := '{}';
+    vouched boolean;
 BEGIN
     FOR t IN SELECT k.id, k.fingerprint AS pinned,
                     minion_executor_fingerprint(p_executor, minion_capability(k.kind, k.model)) AS mine
@@ -726,6 +730,8 @@ BEGIN
               ORDER BY k.id LOOP
         IF t.pinned IS NULL THEN
             CONTINUE WHEN t.mine LIKE 'unknown:%';
+            vouched := coalesce(vouched, minion_executor_vouched(p_executor));
+            CONTINUE WHEN NOT vouched;
             UPDATE tasks SET fingerprint = t.mine WHERE id = t.id AND fingerprint IS NULL;
             IF NOT FOUND THEN
                 SELECT k.fingerprint INTO now_pinned FROM tasks k WHERE k.id = t.id;

@@ -40,8 +40,9 @@ async def _post(cli: Cli, path: str, body: dict[str, Any]) -> tuple[int, Any]:
 async def test_verify_reruns_a_quarantined_executors_results_and_lists_what_changed(cli: Cli) -> None:
     conn = await asyncpg.connect(cli.services.database_url)
     try:
-        liar_token, _ = await make_token(conn, "executor")
-        honest_token, _ = await make_token(conn, "executor")
+        # Both vouched for (their first leases pin the tasks to their fingerprint); one turns out to lie.
+        liar_token, _ = await make_token(conn, "executor", trusted=True)
+        honest_token, _ = await make_token(conn, "executor", trusted=True)
         liar = Liar(cli.services.api_url, liar_token, FINGERPRINT, random_vectors, name="liar")
         async with running(liar):
             status, _ = await _post(cli, "/api/v1/tasks", {

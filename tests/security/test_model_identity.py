@@ -41,8 +41,9 @@ async def _claim(conn: asyncpg.Connection, ex: uuid.UUID, token_id: int, n: int 
 
 
 async def _setup(database_url: str) -> tuple[asyncpg.Connection, int]:
+    """A connection and a vouched executor token: only a vouched executor's lease pins a task."""
     conn = await connect(database_url)
-    _, token_id = await make_token(conn, "executor")
+    _, token_id = await make_token(conn, "executor", trusted=True)
     return conn, token_id
 
 
@@ -121,6 +122,24 @@ async def test_an_executor_without_fingerprint_pins_nothing(database_url: str) -
     assert {r["task_id"] for r in await _claim(conn, a, token_id, 10)} == {pinned, task}
     assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) == FP_A
     assert await _claim(conn, old, token_id, 10) == []
+    await conn.close()
+
+
+async def test_a_volunteers_fingerprint_pins_nothing(database_url: str) -> None:
+    """A volunteer that reports a made-up fingerprint and claims a task's first lease (issue 39: the
+    task was pinned to it and 300 random vectors committed unchecked) leaves the task unpinned; the
+    vouched executor's first lease pins it to its own fingerprint, and the volunteer gets no more of it."""
+    conn, vouched_token = await _setup(database_url)
+    _, volunteer_token = await make_token(conn, "executor")
+    made_up = "sha256:" + "0" * 56 + "deadbeef"
+    hostile = await _executor(conn, volunteer_token, made_up)
+    honest = await _executor(conn, vouched_token, FP_A)
+    task = await make_task(conn, kind="embedding", model="m", subtasks=4)
+    assert [r["task_id"] for r in await _claim(conn, hostile, volunteer_token)] == [task]
+    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) is None
+    assert {r["task_id"] for r in await _claim(conn, honest, vouched_token, 2)} == {task}
+    assert await conn.fetchval("SELECT fingerprint FROM tasks WHERE id = $1", task) == FP_A
+    assert await _claim(conn, hostile, volunteer_token, 10) == []
     await conn.close()
 
 
