@@ -7,8 +7,9 @@ on the same run, the same database and the same agents.
 One embedded PostgreSQL, the real services (API, splitter, watchdog as processes, local-folder store)
 and real agent processes (`python -m minions.agents.macos`, kinds embedding and sleep, "--threads 1
 --precision fp32 --model sentence-transformers/all-MiniLM-L6-v2", the bundled model, offline), one
-agent per executor token (`--tokens`, default 2: another owner, which is who a replica prefers; a
-lease is checked only when another executor could replicate it). Two arms, alternating within the
+agent per executor token (`--tokens`, default 2: the first vouched for, as `minions up`'s local
+agents' token is, the others volunteers', each its own owner; a vouched agent's leases are never
+checked, a volunteer's go to the vouched agent's replica and earn it trust only so). Two arms, alternating within the
 run (round 1: zero, default; round 2: default, zero; ...), the services restarted with the arm's
 settings before each (the settings are read by the API's and watchdog's sessions at start):
 
@@ -23,8 +24,8 @@ the database's clock, median of the runs:
              (the claim's choice, a held candidate, a replica lease and its vote).
 
 Steady state (the main table): the agents are kept for the whole run. Before the rounds they earn trust
-under the default settings (warm-up tasks until every executor is `trusted`), so in the default arm only
-the random 2% share of their leases is checked, as in a fleet that has been running.
+under the default settings (warm-up tasks until every volunteer executor is `trusted`), so in the default
+arm only the random 2% share of the volunteers' leases is checked, as in a fleet that has been running.
 
 Fresh fleet (`--fresh-runs`, 0 to skip): afterwards the steady agents are stopped and each arm starts
 new agents under new names (new executors, untrusted: in the default arm every lease of theirs is
@@ -139,7 +140,9 @@ class Bench:
         await migrate(self.url)
         self.conn = await connect(self.url)
         self.admin, _ = await make_token(self.conn, "admin")
-        self.tokens = [(await make_token(self.conn, "executor"))[0] for _ in range(self.args.tokens)]
+        # The first token vouched for (as `minions up`'s local agents'), the others volunteers': a
+        # volunteer's checked lease goes to the vouched agent's replica, and it earns trust only so.
+        self.tokens = [(await make_token(self.conn, "executor", trusted=n == 0))[0] for n in range(self.args.tokens)]
         self.fleets = [AgentFleet(self.services, token) for token in self.tokens]
 
     async def close(self) -> None:
@@ -259,9 +262,15 @@ class Bench:
         assert outcomes.get("done", 0) == -(-len(records) // size), outcomes
         return Measure(phase, arm, workload, len(records), float(seconds), outcomes)
 
+    async def _vouched_names(self) -> set[str]:
+        rows = await self.db.fetch("SELECT e.name FROM executors e JOIN api_tokens t ON t.id = e.token_id "
+                                   "WHERE t.trusted")
+        return {r["name"] for r in rows}
+
     async def earn_trust(self) -> None:
-        """Warm-up under the default settings until every live executor is trusted."""
-        names = [a.name for a in self.live]
+        """Warm-up under the default settings until every live volunteer executor is trusted (a
+        vouched one is never checked: it needs no trust of its own)."""
+        names = [a.name for a in self.live if a.name not in await self._vouched_names()]
         await self.run_task("warm-embedding", "embedding", list(embedding_records(2 * self.args.subtask_size)),
                             self.args.subtask_size)
         for n in range(20):
