@@ -367,6 +367,9 @@ async def _spot_checks(conn: asyncpg.Connection) -> dict[str, uuid.UUID]:
     second = await conn.fetchrow(claim, made["honest"])
     assert second["task_id"] == held["task_id"]
     assert await conn.fetchval(vote, second["lease_token"], None) == "disputed"
+    # The referee earned trust before (agreeing with a trusted executor is what earns a volunteer
+    # trust: sql/schema/11_checks.sql), so its agreement earns honest its own; it is still checked.
+    await conn.execute("UPDATE executors SET trusted = true WHERE id = $1", made["referee"])
     third = await conn.fetchrow(claim, made["referee"])
     assert await conn.fetchval(vote, third["lease_token"], 2) == "agreed"  # with honest's
     assert await conn.fetchval("SELECT minion_quarantine_executor($1, 'returned random vectors')",

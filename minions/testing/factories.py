@@ -17,9 +17,11 @@ async def make_token(conn: asyncpg.Connection, role: str, team: str | None = Non
     issued to (None: itself)."""
     token = new_token()
     token_id = await conn.fetchval(
-        "INSERT INTO api_tokens (token_hash, role, team, trusted, owner) VALUES ($1, $2, $3, $4, $5) RETURNING id",
-        hash_token(token), role, team, trusted, owner,
+        "INSERT INTO api_tokens (token_hash, role, team) VALUES ($1, $2, $3) RETURNING id",
+        hash_token(token), role, team,
     )
+    if trusted or owner is not None:  # (the plain insert also serves schemas from before these columns)
+        await conn.execute("UPDATE api_tokens SET trusted = $2, owner = $3 WHERE id = $1", token_id, trusted, owner)
     return token, token_id
 
 

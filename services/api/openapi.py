@@ -274,6 +274,9 @@ def _request_schemas() -> dict[str, Schema]:
                                                               "for: results commit without a check and settle "
                                                               "volunteers' checks (default false: a volunteer's)."},
             },
+            # Only an executor token is vouched for (422 on `trusted` otherwise).
+            "anyOf": [{"properties": {"role": {"type": "string", "enum": ["executor"]}}},
+                      {"properties": {"trusted": {"type": "boolean", "enum": [False]}}}],
         },
     }
 

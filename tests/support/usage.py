@@ -34,7 +34,7 @@ class Pool:
 
 async def _owner(conn: asyncpg.Connection, label: str) -> int:
     secret = new_token()
-    token_id: int = await conn.fetchval("SELECT minion_create_token($1, $2, 'executor', NULL, $3, NULL)",
+    token_id: int = await conn.fetchval("SELECT minion_create_token($1, $2, 'executor', NULL, $3, NULL, NULL, false)",
                                         hash_token(secret), token_prefix(secret), label)
     return token_id
 
