@@ -63,6 +63,9 @@ class DrillExecutor(SleepExecutor):
         self.leases.append({"subtask_id": sub["subtask_id"], "task_name": sub["task_name"], "token": token,
                             "backup": lease["lease"].get("backup", False)})
         records = await self._download(session, sub)
+        if records is None:  # the lease ended before its input was read
+            self.refused += 1
+            return
         if any(r.get("poison") for r in records):
             poison = next(r for r in records if r.get("poison"))
             async with session.post(f"{self.api_url}/api/v1/leases/{token}/fail", headers=self._headers(),

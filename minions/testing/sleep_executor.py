@@ -61,6 +61,9 @@ class SleepExecutor:
     async def work(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
         token, sub = lease["lease"]["token"], lease["subtask"]
         records = await self._download(session, sub)
+        if records is None:  # the lease ended before its input was read (its task replaced or deleted)
+            self.refused += 1
+            return
         if self.hang_after_claim:
             await asyncio.sleep(3600)
         beat = asyncio.create_task(self._heartbeat(session, token))
@@ -82,15 +85,18 @@ class SleepExecutor:
         await self.complete(session, token, sub, len(records), started,
                             output if self.inline_output else None)
 
-    async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _download(self, session: aiohttp.ClientSession, sub: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The subtask's records, read from its signed input URL's byte range (the store's GET is what
-        this executor exercises), or inline when the task's input has no object (kept in the database)."""
+        this executor exercises), or inline when the task's input has no object (kept in the database);
+        None when the store refuses the URL: the lease ended meanwhile (403), or its task went (404)."""
         start, end = sub["input"]["range"]
         if sub["input"]["url"] is None:
             data: bytes = sub["input"]["data"].encode()
         else:
             async with session.get(yarl.URL(sub["input"]["url"], encoded=True),
                                    headers={"Range": f"bytes={start}-{end - 1}"}) as resp:
+                if resp.status in (403, 404):
+                    return None
                 assert resp.status in (200, 206), f"input GET: {resp.status}"
                 data = await resp.read()
         lines = [line for line in data.splitlines() if line.strip()]

@@ -90,6 +90,8 @@ class InteractiveExecutor(SleepExecutor):
     async def answer(self, session: aiohttp.ClientSession, lease: dict[str, Any]) -> None:
         sub, started = lease["subtask"], time.monotonic()
         records = await self._download(session, sub)
+        if records is None:  # the lease ended before its input was read
+            return
         out = b"".join(jsoncodec.dumps_line(
             {"id": r["id"], "embedding": [0.5, -0.25], "usage": {"prompt_tokens": 1}} if "text" in r
             else {"id": r["id"], "text": "ok", "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
