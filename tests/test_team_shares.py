@@ -188,4 +188,6 @@ async def test_only_an_admin_makes_a_team(object_api: ApiHarness, database_url: 
     assert (await object_api.call("POST", "/api/v1/tasks", token=anyteam, json=_task("o", 0, "openai"))).status == 201
     judged = await object_api.call("POST", "/api/v1/tasks?dry_run=true", token=anyteam, json=_task("d", 0, "beta"))
     assert judged.status == 200 and judged.body == {"valid": True}, judged.body
+    odd = await object_api.call("POST", "/api/v1/tasks?dry_run=maybe", token=anyteam, json=_task("d", 0, "beta"))
+    assert odd.status == 422 and "dry_run" in odd.error["fields"], odd.body  # never read as a real submit
     assert await _task_priorities(database_url) == {"b": 0, "admin": 0, "g": 0, "o": 0}

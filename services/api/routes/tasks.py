@@ -80,9 +80,12 @@ async def submit_task(request: web.Request) -> web.Response:
     # Up to 64 MiB of inline records: validated in a thread so claims and heartbeats keep flowing.
     validate = functools.partial(validate_task, submission.fields, submission.records, submission.errors)
     big = submission.records is not None and len(submission.records) > THREAD_ABOVE
+    dry_run = request.query.get("dry_run") or "false"  # empty reads as absent
+    if dry_run not in DRY_RUN:
+        raise invalid({"dry_run": "true or false (1 or 0)"})
     task = await asyncio.to_thread(validate) if big else validate()
     try:
-        if request.query.get("dry_run") in ("true", "1"):
+        if DRY_RUN[dry_run]:
             return await _judged(request, principal, task)
         return await _submit(request, principal, task)
     finally:
@@ -139,6 +142,9 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     log.info("task_submitted", task=f"{task.team}/{task.project}/{task.name}", kind=task.kind,
              model=task.model, split_at_submit=ranges is not None, input_kept=input_uri is None)
     return json_response(task_object(row, store), 201)
+
+
+DRY_RUN = {"true": True, "1": True, "false": False, "0": False}
 
 
 async def _judged(request: web.Request, principal: Principal, task: TaskRequest) -> web.Response:
