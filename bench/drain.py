@@ -401,7 +401,7 @@ async def latency_all(server: EmbeddedPostgres, n: int, args: argparse.Namespace
 # --- HTTP: the real services, simulated executors ------------------------------------------------
 
 TEAM, PROJECT = "bench", "drain"
-# One agent's makespan over the pure compute of its sleep subtasks (issue 37: 2,000 x 5 ms).
+# One agent's makespan over the pure compute of its sleep subtasks (2,000 x 5 ms).
 MAKESPAN_TARGET = 1.10
 
 

@@ -1,6 +1,6 @@
 """Every pace figure beside its physical limit: the ratio to it, the target, and whether it was met.
 
-A figure compared only with yesterday's hides a slow drift (issue 37: "drain makespan 8.97 s vs
+A figure compared only with yesterday's hides a slow drift ("drain makespan 8.97 s vs
 8.42 s" was read as a 6% change while both were 1.7-1.8x the compute they stood for). So each pace
 benchmark states its limit (pure compute, the runner alone, the fastest plain script) and prints
 

@@ -15,7 +15,7 @@ from minions.nul import NUL_RULE, nul_path
 
 MAX_SUBTASK_SIZE = 100_000
 # A task's params ride in every lease of it that a claim hands out: a megabyte of them made each
-# claim of 32 leases a 32 MB answer (issue 39). Far beyond any real system prompt or option set.
+# claim of 32 leases a 32 MB answer. Far beyond any real system prompt or option set.
 MAX_PARAMS_BYTES = 64 * 1024
 FIELDS = frozenset({"team", "project", "name", "kind", "model", "params", "priority", "subtask_size", "input"})
 

@@ -62,7 +62,7 @@ async def test_checked_result_is_held_until_a_replica_agrees(database_url: str) 
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     outcomes = await conn.fetch("SELECT executor_id, outcome FROM subtask_attempts WHERE task_id = $1", task_id)
     assert sorted((o["executor_id"] == a, o["outcome"]) for o in outcomes) == [(False, "agreed"), (True, "done")]
-    # Two strangers agreeing earn no trust (issue 39): only agreeing with a trusted executor does.
+    # Two strangers agreeing earn no trust: only agreeing with a trusted executor does.
     trust = await conn.fetch("SELECT id, agreements FROM executors WHERE id = ANY ($1)", [a, b])
     assert {t["agreements"] for t in trust} == {0}
     assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
@@ -319,7 +319,7 @@ async def test_a_check_that_cannot_finish_ends_after_the_wait(database_url: str)
 async def test_one_owner_never_replicates_itself(database_url: str) -> None:
     """Two executors of one API token could agree on a lie (or frame a third): the other of the same
     token is never offered the replica, not even once no executor of another token could run it
-    (issue 39: it was then, and a hostile's second name cast the deciding vote)."""
+    (it was then, and a hostile's second name cast the deciding vote)."""
     conn = await connect(database_url)
     await conn.execute("SET minions.spot_check_share = '1'")
     task_id = await make_task(conn, subtasks=1)
@@ -359,7 +359,7 @@ async def test_one_owner_of_several_tokens_never_replicates_itself(database_url:
 
 
 async def test_a_vouched_executor_is_never_checked_and_its_replica_settles(database_url: str) -> None:
-    """Trusted machines (issue 39): a vouched executor's results commit without a check, so no
+    """Trusted machines: a vouched executor's results commit without a check, so no
     volunteer's vote reaches it; a volunteer's held result goes to a vouched replica while one could
     run it (another volunteer is not offered it); the vouched replica's differing result commits and
     the volunteer is outvoted, and agreeing with it is how a volunteer earns trust."""

@@ -35,7 +35,7 @@ def test_the_cli_and_the_api_name_the_same_problems_in_the_same_order() -> None:
 
 def test_params_are_capped_at_64_kib() -> None:
     """A task's params ride in every lease a claim hands out: a 1 MB system prompt made one claim of
-    32 leases a 32 MB answer (issue 39). Refused at submission, by the CLI and the API alike."""
+    32 leases a 32 MB answer. Refused at submission, by the CLI and the API alike."""
     fits = {**GOOD, "kind": "completion", "model": "m", "params": {"system": "x" * (60 * 1024)}}
     assert task_field_problems(fits) == {}
     huge = {**fits, "params": {"system": "x" * (1024 * 1024)}}

@@ -169,7 +169,7 @@ async def test_a_refused_priority_writes_no_input_object(object_api: ApiHarness,
 
 async def test_only_an_admin_makes_a_team(object_api: ApiHarness, database_url: str) -> None:
     """A user scoped to no team who could make teams by naming them would take a fair share per name
-    (issue 39: 1,000 made-up teams took 92% of the claims). Its task for a team nothing names is 403
+    (1,000 made-up teams took 92% of the claims). Its task for a team nothing names is 403
     `unknown_team` (nothing created: no task, no input object); a team a token, task or share names
     is open to it; an admin makes teams as before; the OpenAI lane's default team is always open."""
     users = await _users(database_url)

@@ -244,7 +244,7 @@ class Agent:
         """Claim up to `room` leases. While the device has work (a job queued or running) the claim
         asks for an answer at once (`wait=0`): it is claiming ahead, and its time is then a true round
         trip, the figure the depth needs; a long poll's time is the queue's (a claim parked until the
-        next task arrived once counted 1.4 s, issue 37). Idle, it long-polls."""
+        next task arrives would read as a round trip of seconds). Idle, it long-polls."""
         registration = self.registration
         ahead = self._jobs.count(DEVICE_HAS_WORK) > 0
         sent = time.monotonic()

@@ -23,21 +23,19 @@ and input fetch happen while the other computes. Short ones pipeline as deep as 
 for, never deeper than `cap`: what the device finishes in one heartbeat interval, and at most what one
 claim may take.
 
-(The rule before counted C + F + K once, `ceil(L / D) + 1`, and the agent claimed only once half of
-it was free: with 5 ms subtasks the linger alone kept four of its six leases committing, the queue ran
-dry between claims, and the device waited about 2.5 ms a subtask: issue 37.)
+A claim sent only once half the bound is free would leave half the depth unused; the low-water mark
+sends it as soon as the queue needs it, taking all the room there is then.
 
 D is the moving median of recent subtasks' run time (the runner's own time), per task: a task's
 subtasks are alike (one kind, model, params and size), where two tasks of one kind and model may take
-30 s and 30 ms a subtask. The depth follows the task the device ran last; a task not measured yet
-starts at MIN_DEPTH. C, F and K are moving medians over every task (the network and the API, not the
-task, set them). D is a median, so that one stalled subtask does not move the depth. C, F and K are
-the worst of their last TAIL_WINDOW samples (MovingMax): the device waits whenever one round trip
-outlasts the queue, not when a typical one does. Measured on a 2-core machine (issue 37), one
-complete in a dozen took 30-50 ms where the median took 10: the leases it held left no room to claim,
-the queue ran dry, and those stalls were most of the device's wait. Against subtasks longer than the
-round trips' worst, the worst is still below D: MIN_DEPTH.
-The heartbeat is on its own task and feeds none of them. Before anything is measured, MIN_DEPTH.
+30 s and 30 ms a subtask; a median, so that one stalled subtask does not move the depth. The depth
+follows the task the device ran last; a task not measured yet starts at MIN_DEPTH. C, F and K are
+kept over every task (the network and the API, not the task, set them), each as the worst of its
+last TAIL_WINDOW samples (MovingMax): the device waits whenever one round trip outlasts the queue,
+not when a typical one does (on a loaded 2-core machine one complete in a dozen takes 3-5x the
+median, and the leases it holds leave no room to claim). Against subtasks longer than the round
+trips' worst, that worst is still below D: MIN_DEPTH. The heartbeat is on its own task and feeds
+none of them. Before anything is measured, MIN_DEPTH.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- Only an admin makes a team (issue 39): a user's submission to a team nothing names yet is refused
+-- Only an admin makes a team: a user's submission to a team nothing names yet is refused
 -- with 'unknown_team' by the function that already judges a user's priority in the submission's own
 -- statement. The OpenAI lane's default team `openai`, named by the server, is always open.
 CREATE OR REPLACE FUNCTION minion_priority_within_cap(p_team text, p_priority integer, p_capped boolean)

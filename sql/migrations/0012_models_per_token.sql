@@ -1,4 +1,4 @@
--- One executor token may advertise at most 1,024 distinct models over the names it holds (issue 39):
+-- One executor token may advertise at most 1,024 distinct models over the names it holds:
 -- registration's verdict 'too_many_models'.
 CREATE OR REPLACE FUNCTION minion_register_executor_bounded(p_token_id bigint, p_team text, p_name text,
                                                             p_hardware jsonb, p_kinds text[], p_models text[],
@@ -13,7 +13,7 @@ DECLARE
 BEGIN
     -- The models a token's executors advertise, together: each is a row of the pool's known models
     -- and a capability every claim and /v1/models weighs, so one token may not advertise more than
-    -- 1,024 distinct ones over the names it holds (issue 39: 10 names of 1,024 models each made
+    -- 1,024 distinct ones over the names it holds (10 names of 1,024 models each made
     -- /v1/models take 5.9 s). Judged under the token's lock, so concurrent registrations cannot both
     -- squeeze under it.
     PERFORM pg_advisory_xact_lock(hashtextextended('minion_register:' || p_token_id::text, 0));

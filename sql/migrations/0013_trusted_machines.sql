@@ -1,4 +1,4 @@
--- Trusted machines and volunteers (issue 39): every token has an owner (whom it was issued to;
+-- Trusted machines and volunteers: every token has an owner (whom it was issued to;
 -- itself by default) and an executor token may be vouched for by an admin (trusted). Quorums count
 -- owners; a vouched executor's results are never checked and its replica settles a check; volunteers
 -- earn trust only by agreeing with a trusted executor; a vouched executor is never quarantined by votes.
@@ -302,7 +302,7 @@ BEGIN
     END IF;
 
     IF cardinality(won) > 0 THEN
-        -- A vouched executor's results are never checked (issue 39: volunteers' replicas could frame it).
+        -- A vouched executor's results are never checked (volunteers' replicas could frame it).
         vouched := minion_executor_vouched(p_executor);
         share := CASE WHEN vouched THEN 0
                       WHEN ex.trusted OR minion_trust_setting('trust_agreements', 0) <= 0

@@ -1,4 +1,4 @@
--- Only a vouched executor's first lease pins a task to its fingerprint (issue 39: a volunteer's
+-- Only a vouched executor's first lease pins a task to its fingerprint (a volunteer's
 -- made-up fingerprint pinned a task and committed random vectors no other executor could check).
 CREATE OR REPLACE FUNCTION minion_claim_pin_tasks(p_executor uuid, p_task_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$

@@ -96,7 +96,7 @@ SELECT minion_model_known($1, $2) AS known,
 -- The models the pool knows, one row per model ($1: that model only; NULL: all): the kinds it is
 -- known for, when it was first advertised, and whether an executor online now serves it.
 -- The capabilities online now are gathered once and joined by hash: a probe of every executor's
--- capabilities per known model took 5.9 s for 10 x 1,024 models (issue 39).
+-- capabilities per known model took 5.9 s for 10 x 1,024 models.
 WITH online AS (
     SELECT DISTINCT c.capability
       FROM executors e JOIN heartbeats h ON h.executor_id = e.id

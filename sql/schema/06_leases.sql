@@ -712,7 +712,7 @@ END $$;
 -- The tasks among p_task_ids that p_executor may not serve: pinned to another fingerprint, or pinned
 -- by a concurrent claim before this one could. The others not pinned yet are pinned to its
 -- fingerprint for their capability, if an admin vouched for it (sql/schema/11_checks.sql): a
--- volunteer's fingerprint, made up or not, pins nothing (issue 39: a made-up one claimed a task's
+-- volunteer's fingerprint, made up or not, pins nothing (a made-up one claimed a task's
 -- first lease, pinned it, and committed 300 random vectors that no other executor could check). A
 -- volunteer, and an executor with no reported fingerprint for the task's model ('unknown:<id>'),
 -- may take a task no one pinned and leave it unpinned. Sleep tasks are never pinned.
@@ -1013,7 +1013,7 @@ BEGIN
     END IF;
 
     IF cardinality(won) > 0 THEN
-        -- A vouched executor's results are never checked (issue 39: volunteers' replicas could frame it).
+        -- A vouched executor's results are never checked (volunteers' replicas could frame it).
         vouched := minion_executor_vouched(p_executor);
         share := CASE WHEN vouched THEN 0
                       WHEN ex.trusted OR minion_trust_setting('trust_agreements', 0) <= 0

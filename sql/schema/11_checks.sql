@@ -17,7 +17,7 @@
 --   disagrees with the one   -> it is held as a second candidate; a third executor runs it;
 --   disagrees with both      -> no quorum: both dropped, the subtask runs again from the queue
 --                               (failed for good once out of attempts), nobody blamed.
--- Trusted machines and volunteers (issue 39). An executor token is a volunteer's unless an admin
+-- Trusted machines and volunteers. An executor token is a volunteer's unless an admin
 -- vouched for it (api_tokens.trusted: `minions token create --trusted`; `minions up`'s local agents),
 -- and every token has an owner (the person or organisation it was issued to; itself by default).
 -- Quorums count owners, not tokens or names: a replica is never of a candidate's owner, so one owner's

@@ -38,7 +38,7 @@ END $$;
 -- submitted. p_capped: the submitter is a user, held to the team's cap (an admin sets any priority),
 -- and to the teams that exist: 'unknown_team' raised (insufficient_privilege) for one nothing names
 -- yet, since only an admin makes a team (a token scoped to it, a share, a task of its own): a user
--- who could make teams by naming them would take a fair share per name (issue 39: 1,000 made-up
+-- who could make teams by naming them would take a fair share per name (1,000 made-up
 -- teams took 92% of the claims). The one team the server names itself, the OpenAI lane's default
 -- `openai` (services/api/openai/batches.py), is always open to users.
 -- Called as an argument of the submission, it reads the cap in the submission's own statement, with

@@ -30,7 +30,7 @@ SHORT = ("search", "ranker", "short")
     (0.1, 0.25, None, 32, 4),  # ceil(2.5) ready + the one computing
     (0.1, 0.25, 0.05, 32, 4),  # ceil(3.0): a claim covered exactly
     (0.1, 0.25, 0.06, 32, 5),  # the claim counts twice: queued while it is in flight, and brought by it
-    # issue 37: 5 ms subtasks, a 5 ms claim, a 22 ms commit (the buffer's linger): the old rule's
+    # 5 ms subtasks, a 5 ms claim, a 22 ms commit (the buffer's linger): the old rule's
     # ceil(27 / 5) + 1 = 7 left the device waiting; counting the claim again gives 8.
     (0.005, 0.027, 0.005, 32, 8),
     (0.001, 0.05, 0.01, 32, 32),  # capped

@@ -104,7 +104,7 @@ async def test_401_is_fatal_at_once_and_409_means_lease_gone() -> None:
 
 
 async def test_a_quarantined_executor_is_told_so_not_to_check_its_token() -> None:
-    """403 `quarantined`: the token is fine; the agent says it is quarantined and why (issue 39: it
+    """403 `quarantined`: the token is fine; the agent says it is quarantined and why (it
     said "check MINIONS_TOKEN")."""
     async def claim(request: web.Request) -> web.Response:
         return web.json_response({"error": {"code": "quarantined", "message": "this executor is quarantined: "

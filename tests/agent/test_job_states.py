@@ -131,8 +131,8 @@ async def test_the_table_counts_states_and_wakes_the_work_loop_when_a_job_leaves
 
 
 async def test_the_table_wakes_the_work_loop_when_a_job_moves() -> None:
-    """A job reaching the device shortens the queue the next claim must be sent before it empties
-    (issue 37): the loop hears moves as well as leaves, and stops hearing a job once it left."""
+    """A job reaching the device shortens the queue the next claim must be sent before it empties:
+    the loop hears moves as well as leaves, and stops hearing a job once it left."""
     table = JobTable()
     job = Job(claim("L1"))
     table.add(job)

@@ -123,7 +123,7 @@ async def test_replace_cancels_a_task_that_runs_then_takes_its_name(cli: Cli) ->
 
 async def test_replace_with_a_body_the_server_refuses_leaves_the_old_task(cli: Cli, database_url: str) -> None:
     """`submit --replace` asks the server to judge the new body (`?dry_run=true`) before it deletes the
-    old task: a user's priority above the team's cap is a 403 that used to leave nothing (issue 39)."""
+    old task: a user's priority above the team's cap is a 403 that used to leave nothing."""
     conn = await connect(database_url)
     try:
         user, _ = await make_token(conn, "user", "search")

@@ -51,7 +51,7 @@ async def test_two_agents_check_each_other(services: Services) -> None:
             assert "done" in row["o"] and "agreed" in row["o"], (row, fleets[0].logs(), fleets[1].logs())
             assert "candidate" not in row["o"] and "outvoted" not in row["o"], row
         assert await conn.fetchval("SELECT count(*) FROM executors WHERE quarantined_at IS NOT NULL") == 0
-        # Two volunteers agreeing with each other earn no trust (issue 39): only a trusted voice gives it.
+        # Two volunteers agreeing with each other earn no trust: only a trusted voice gives it.
         assert await conn.fetchval("SELECT max(agreements) FROM executors") == 0
         assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
     finally:

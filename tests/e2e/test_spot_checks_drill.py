@@ -297,7 +297,7 @@ async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url:
 
 
 def framing(_lease: int, records: list[dict[str, Any]]) -> list[list[float]]:
-    """The framers' answer (issue 39): one fixed vector per record, after a pause, so that their
+    """The framers' answer: one fixed vector per record, after a pause, so that their
     replicas of honest results come in second and their own results disagree with the honest ones."""
     import time
 

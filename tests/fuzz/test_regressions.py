@@ -71,7 +71,7 @@ CASES = [
     _case("v1-files-after-nul", "GET", "/v1/files", "/v1/files?after=%00"),
     _case("v1-batch-path-nul", "POST", "/v1/batches/{batch_id}/cancel", "/v1/batches/batch_%00/cancel"),
     # batches.py create_batch and translate.py _chat: `x in DICT` hashes x, so an object or a list
-    # endpoint or role was a TypeError (issue 39).
+    # endpoint or role was a TypeError.
     _case("v1-batch-endpoint-object", "POST", "/v1/batches", "/v1/batches",
           {"input_file_id": "file-x", "endpoint": {}, "completion_window": "24h"}),
     _case("v1-batch-endpoint-list", "POST", "/v1/batches", "/v1/batches",

@@ -37,7 +37,7 @@ def test_bad_lines_have_codes(line: bytes, code: str) -> None:
 
 @pytest.mark.parametrize("role", [{}, [], ["user"], 1, None])
 def test_a_chat_lines_role_of_any_json_type_is_a_line_error(role: object) -> None:
-    """An object or list role was hashed into the role map: a TypeError, a 500 (issue 39)."""
+    """An object or list role was hashed into the role map: a TypeError, a 500."""
     line = orjson.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "m", "messages": [{"role": role, "content": "hi"}]}})
     with pytest.raises(LineError) as error:

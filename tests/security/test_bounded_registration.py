@@ -119,7 +119,7 @@ async def test_names_no_longer_in_use_leave_the_cap(database_url: str, tmp_path:
 
 async def test_one_token_advertises_at_most_1024_distinct_models(database_url: str, tmp_path: Path) -> None:
     """Each advertised model is a known model and a capability every claim and /v1/models weighs: 10
-    names of 1,024 models each made /v1/models take 5.9 s (issue 39). Over its names together one token
+    names of 1,024 models each made /v1/models take 5.9 s. Over its names together one token
     advertises at most 1,024 distinct models (422 on `models`, nothing registered); the same models
     again under more names are no new ones; another token is free; /v1/models lists them all."""
     async with running_api(database_url, tmp_path / "store") as api:

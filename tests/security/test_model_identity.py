@@ -126,7 +126,7 @@ async def test_an_executor_without_fingerprint_pins_nothing(database_url: str) -
 
 
 async def test_a_volunteers_fingerprint_pins_nothing(database_url: str) -> None:
-    """A volunteer that reports a made-up fingerprint and claims a task's first lease (issue 39: the
+    """A volunteer that reports a made-up fingerprint and claims a task's first lease (the
     task was pinned to it and 300 random vectors committed unchecked) leaves the task unpinned; the
     vouched executor's first lease pins it to its own fingerprint, and the volunteer gets no more of it."""
     conn, vouched_token = await _setup(database_url)

@@ -147,7 +147,7 @@ async def test_a_list_never_shows_a_secret(apis: TwoApis) -> None:
 
 
 async def test_a_token_has_an_owner_and_only_an_executor_token_is_vouched_for(apis: TwoApis) -> None:
-    """Spot checks count owners and trust vouched machines (issue 39): the API and the CLI make them
+    """Spot checks count owners and trust vouched machines: the API and the CLI make them
     alike, refuse `trusted` for another role, and lists show both."""
     url = apis.urls[0]
     status, made = await apis.status(url, apis.admin, "POST", "/api/v1/tokens",

@@ -101,11 +101,9 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
     ranges = await _small_split(request, task)
     input_uri = None
     if ranges is None or ranges.kept is None:
-        if capped(principal):
-            # Judged before an input object is written for it (and again by the submission itself,
-            # should an admin lower the cap meanwhile). A small task's submission alone judges it.
-            with refused_above_cap(task.team, task.priority):
-                await pool.fetchval(Q.priority_within_cap, task.team, task.priority, True)
+        # Judged before an input object is written for it (and again by the submission itself,
+        # should an admin lower the cap meanwhile). A small task's submission alone judges it.
+        await _judge_cap(request, principal, task)
         # An input object: not written for a re-submission of an existing task.
         existing = await pool.fetchrow(Q.task_request_hash, task.team, task.project, task.name)
         if existing is not None:
@@ -150,13 +148,19 @@ DRY_RUN = {"true": True, "1": True, "false": False, "0": False}
 async def _judged(request: web.Request, principal: Principal, task: TaskRequest) -> web.Response:
     """`?dry_run=true`: every check a submission makes before it creates anything (the fields and
     records, the team's scope, the priority cap), and nothing created: `submit --replace` asks this
-    before it deletes the task the new one replaces, so a refused body leaves the old one (issue 39)."""
+    before it deletes the task the new one replaces, so a refused body leaves the old one."""
     if not principal.can_see_team(task.team):
         raise forbidden(f"your token is scoped to team {principal.team}", "wrong_team")
+    await _judge_cap(request, principal, task)
+    return json_response({"valid": True})
+
+
+async def _judge_cap(request: web.Request, principal: Principal, task: TaskRequest) -> None:
+    """A user's task judged by the team's cap and existence (403 priority_above_cap / unknown_team),
+    before anything of it is written; an admin's is not held to them."""
     if capped(principal):
         with refused_above_cap(task.team, task.priority):
             await request.app[POOL].fetchval(Q.priority_within_cap, task.team, task.priority, True)
-    return json_response({"valid": True})
 
 
 async def _small_split(request: web.Request, task: TaskRequest) -> SplitRanges | None:
