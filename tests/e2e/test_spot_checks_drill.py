@@ -14,8 +14,9 @@ The sleeper answers sentence-transformers' own vectors for its first 8 leases (i
 with the vouched agents' replicas: they are never checked themselves, so they run faster and leave it
 fewer leases than when every agent was checked), then
 the same with noise (cosine about 0.95 to the truth). Only the random share can catch it now; the
-drill raises the share to 0.25 so that it happens within one task here (at 2% it takes about 50
-checked leases, the same thing, slower). Its results committed before it was caught are run again
+drill raises the share to 0.5 so that it happens within one task here, where the vouched agents,
+never checked, outrun it and leave it few leases to be caught in (at 2% it takes about 50 checked
+leases, the same thing, slower). Its results committed before it was caught are run again
 by others, so the open task completes with honest vectors only."""
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ async def test_a_sleeper_is_caught_by_the_random_share_and_its_results_run_again
                                                                                   tmp_path: Path) -> None:
     reference = asyncio.get_running_loop().run_in_executor(None, _reference)
     sleeper_answer = await asyncio.to_thread(Sleeper, SLEEPER_HONEST_FOR)
-    async with cluster(database_url, tmp_path, extra_env=_settings("0.25")) as c:
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.5")) as c:
         sleeper = await _beside_two_agents(c, "sleeper", sleeper_answer, "--precision", "fp32")
         async with running(sleeper):
             await c.submit("drill", "embedding", RECORDS, model=MINILM, subtask_size=2)
