@@ -479,6 +479,11 @@ def _response_schemas() -> dict[str, Schema]:
                 "agreements": {"type": "integer", "minimum": 0}, "disagreements": {"type": "integer", "minimum": 0},
                 "trusted": {"type": "boolean"}, "quarantined_at": _timestamp(nullable=True),
                 "quarantine_reason": _nullable({"type": "string"}),
+                "vouched": {"type": "boolean", "description": "Its token was created `trusted` by an admin: its "
+                                                              "results are never run again and it never loses a vote."},
+                "owner": {"type": "string", "description": "Whom its token was issued to (else `token:<id>`): "
+                                                           "no replica of its results runs on a machine of the "
+                                                           "same owner."},
             }, description="Its spot checks: results of others it agreed with, quorums it lost, "
                            "whether only the random share of its results is checked, and its quarantine."),
             "registered_at": _timestamp(),

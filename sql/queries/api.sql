@@ -207,7 +207,9 @@ SELECT e.id, e.name, e.team::text AS team, e.kinds, e.models, e.registered_at,
                                                               'proofs', f.proofs))
                    FROM executor_fingerprints f WHERE f.executor_id = e.id), '[]') AS fingerprints,
        -- Trust (sql/schema/11_checks.sql): results agreed with and outvoted by other executors', and a quarantine.
-       e.agreements, e.disagreements, e.trusted, e.quarantined_at, e.quarantine_reason
+       -- Vouched: its token's (api_tokens.trusted); its results are never run again, it never loses a vote.
+       e.agreements, e.disagreements, e.trusted, e.quarantined_at, e.quarantine_reason,
+       minion_executor_vouched(e.id) AS vouched, minion_token_owner(e.token_id) AS owner
 FROM executors e LEFT JOIN heartbeats h ON h.executor_id = e.id
 WHERE $1::text IS NULL OR e.team = $1 OR e.team IS NULL
 ORDER BY e.name;

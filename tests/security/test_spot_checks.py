@@ -123,6 +123,9 @@ async def test_a_liar_never_commits_and_is_quarantined(api: ApiHarness, database
     assert listed[liar_id]["disagreements"] == 2
     assert all(listed[e]["quarantined_at"] is None for e, _, _ in crew[1:])
     assert listed[crew[2][0]]["agreements"] > 0  # the volunteer agreed with the vouched executor
+    assert [listed[e]["vouched"] for e, _, _ in crew] == [False, True, False]
+    owners = [listed[e]["owner"] for e, _, _ in crew]
+    assert owners == [f"token:{token_id}" for _, token_id in made]  # no owner named: each token its own
     assert (await api.call("POST", f"/api/v1/executors/{liar_id}/release", token=tokens[0])).status == 403
     assert (await api.call("POST", f"/api/v1/executors/{liar_id}/release")).status == 200
     assert (await api.call("POST", f"/api/v1/executors/{liar_id}/release")).error["code"] == "not_quarantined"

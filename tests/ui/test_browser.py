@@ -332,14 +332,14 @@ async def _sign_out(page: Page) -> None:
 
 async def _trust_scenario(database_url: str) -> None:
     """Executors of four owners (sql/schema/11_checks.sql, every lease checked): 'liar' commits the result of a task
-    that then completes, loses a quorum to 'honest' and 'referee' (both trusted by it), and is
-    quarantined by hand; 'newbie' has not been checked yet."""
+    that then completes, loses a quorum to 'honest' and 'referee' (vouched for, so 'honest' earns trust by agreeing
+    with it), and is quarantined by hand; 'newbie' has not been checked yet."""
     conn = await connect(database_url)
     try:
         await conn.execute("SET minions.spot_check_share = '0'")
         await conn.execute("SET minions.trust_agreements = '0'")
         ids = {}
-        for name in ("liar", "honest", "referee", "newbie"):
+        for name in ("liar", "honest", "newbie"):
             _, token_id = await make_token(conn, "executor")
             ids[name] = await make_executor(conn, token_id, name=name)
         claim = "SELECT * FROM minion_claim_batch($1, NULL, 1) WHERE verdict = 'leased'"
@@ -353,8 +353,11 @@ async def _trust_scenario(database_url: str) -> None:
         await make_task(conn, name="disputed", subtasks=1)
         held = await conn.fetchrow(claim, ids["liar"])
         assert await conn.fetchval(complete, held["lease_token"]) == "held"
+        # A volunteer is offered a replica only while no vouched executor could run it: the referee comes later.
         second = await conn.fetchrow(claim, ids["honest"])
         assert await conn.fetchval(vote, second["lease_token"], None) == "disputed"
+        _, token_id = await make_token(conn, "executor", trusted=True)
+        ids["referee"] = await make_executor(conn, token_id, name="referee")
         third = await conn.fetchrow(claim, ids["referee"])
         assert await conn.fetchval(vote, third["lease_token"], 2) == "agreed"
         await conn.fetchval("SELECT minion_quarantine_executor($1, 'returned random vectors')", ids["liar"])
@@ -382,7 +385,7 @@ async def test_web_ui_shows_trust(database_url: str, tmp_path: Path) -> None:
         await expect(liar.locator(".trust")).to_have_text("QUARANTINED: returned random vectors")
         await expect(liar.locator(".trust-counts")).to_have_text("0 agreed · 1 disagreed")
         for name, state, counts in (("honest", "trusted", "1 agreed · 0 disagreed"),
-                                    ("referee", "trusted", "1 agreed · 0 disagreed"),
+                                    ("referee", "vouched", "0 agreed · 0 disagreed"),
                                     ("newbie", "checked", "0 agreed · 0 disagreed")):
             cell = page.locator(f"tr[data-executor='{name}'] .cell-trust")
             await expect(cell).to_have_attribute("data-trust", state)

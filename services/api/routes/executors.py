@@ -458,6 +458,7 @@ async def list_executors(request: web.Request) -> web.Response:
             "preferences": r["preferences"], "current": r["current"],
             "fingerprints": sorted(r["fingerprints"], key=lambda f: f["model"]),
             "trust": {"agreements": r["agreements"], "disagreements": r["disagreements"], "trusted": r["trusted"],
+                      "vouched": r["vouched"], "owner": r["owner"],
                       "quarantined_at": r["quarantined_at"].isoformat() if r["quarantined_at"] else None,
                       "quarantine_reason": r["quarantine_reason"]},
             "registered_at": r["registered_at"].isoformat(),

@@ -94,17 +94,20 @@ export function executorsView(ctx) {
     }, reported.map((f) => f.fingerprint.replace(/^sha256:/, "").slice(0, 12)).join(", "));
   }
 
-  // Spot checks (sql/schema/11_checks.sql): quarantined (with the reason), trusted (only a random share of its results
-  // is run again by another executor) or checked (every result, until it has agreed often enough).
+  // Spot checks (sql/schema/11_checks.sql): quarantined (with the reason), vouched (its token is trusted by an admin:
+  // never checked), trusted (only a random share of its results is run again by another executor) or checked (every
+  // result, until it has agreed often enough with trusted executors).
   function trustCell(e) {
     const t = e.trust;
     if (!t) return h("td.cell-trust", h("span.muted", "—"));
-    const state = t.quarantined_at ? "quarantined" : t.trusted ? "trusted" : "checked";
+    const state = t.quarantined_at ? "quarantined" : t.vouched ? "vouched" : t.trusted ? "trusted" : "checked";
     const counts = h("div.cell-sub.nowrap.trust-counts",
       `${fmtInt(t.agreements)} agreed · ${fmtInt(t.disagreements)} disagreed`);
     const label = {
       quarantined: h("div.trust.trust-quarantined", { title: `quarantined ${fmtTime(t.quarantined_at)}` },
         `QUARANTINED: ${t.quarantine_reason}`),
+      vouched: h("div.trust.trust-vouched", { title: `an admin vouches for ${t.owner}'s machines: never checked` },
+        "vouched"),
       trusted: h("div.trust.trust-trusted", { title: "only a random share of its results is checked" }, "trusted"),
       checked: h("div.trust.trust-checked", { title: "every result is checked by another executor until it has agreed often enough" },
         "checked"),
