@@ -77,13 +77,25 @@ class Settings:
                                                 "two greedy completions of a record agree at this text similarity "
                                                 "or more (0 to 1; 1: identical text)", {API, UP})
     spot_check_wait_s: float = _setting(600.0, "MINIONS_SPOT_CHECK_WAIT_S",
-                                        "a held result no replica has judged within this many seconds commits "
-                                        "unchecked (a dispute runs again)", {WATCHDOG, UP})
+                                        "a held result no replica has judged within this many seconds is "
+                                        "marked overdue on its task (a volunteer's stays held; a dispute runs "
+                                        "again)", {WATCHDOG, UP})
     trust_agreements: int = _setting(5, "MINIONS_TRUST_AGREEMENTS",
                                      "checks a new executor (or one whose model changed) must pass before only "
                                      "the random share of its results is checked (0: trust at once)", {API, UP})
     quarantine_after: int = _setting(2, "MINIONS_QUARANTINE_AFTER",
-                                     "lost quorums after which an executor is quarantined", {API, UP})
+                                     "lost quorums (or leases let pass their age cap) after which an executor is "
+                                     "quarantined", {API, WATCHDOG, UP})
+    # sql/schema/06_leases.sql's minion_lease_age_cap: the watchdog ends a lease older than this, heartbeats or not.
+    lease_age_factor: float = _setting(20.0, "MINIONS_LEASE_AGE_FACTOR",
+                                       "a lease (or replica) may run this many times a typical run of its size "
+                                       "(the task's median, else its kind's) before it is ended", {WATCHDOG, UP})
+    lease_age_floor_s: float = _setting(120.0, "MINIONS_LEASE_AGE_FLOOR_S",
+                                        "a lease is never ended for its age before this many seconds",
+                                        {WATCHDOG, UP})
+    lease_age_ceilings: str = _setting("embedding=1800,completion=3600,*=3600", "MINIONS_LEASE_AGE_CEILINGS",
+                                       "the most seconds a lease of each kind may run (kind=seconds,...; '*' for "
+                                       "the others), also its cap before anything is measured", {WATCHDOG, UP})
     sweep_interval_s: float = _setting(10.0, "MINIONS_SWEEP_INTERVAL_S", "watchdog/splitter safety-net sweep period",
                                        {SPLITTER, WATCHDOG, UP})
     listen_probe_s: float = _setting(30.0, "MINIONS_LISTEN_PROBE_S", "liveness probe period of each LISTEN connection",
@@ -185,6 +197,9 @@ class Settings:
             problems.append("MINIONS_SPOT_CHECK_MIN_SIMILARITY must be from 0 to 1")
         if self.spot_check_wait_s <= 0:
             problems.append("MINIONS_SPOT_CHECK_WAIT_S must be > 0")
+        if self.lease_age_factor < 1 or self.lease_age_floor_s <= 0:
+            problems.append("MINIONS_LEASE_AGE_FACTOR must be >= 1 and MINIONS_LEASE_AGE_FLOOR_S > 0")
+        problems.extend(ceiling_problems(self.lease_age_ceilings))
         if self.fair_share_interval_s < 0:
             problems.append("MINIONS_FAIR_SHARE_INTERVAL_S must be >= 0 (0 turns fair share off)")
         if self.fair_share_half_life_s <= 0 or self.starvation_s <= 0:
@@ -261,6 +276,20 @@ def team_share_problems(value: str) -> list[str]:
         if not ok:
             problems.append(f"MINIONS_SPOT_CHECK_TEAM_SHARES: {item!r} is not team=share (a team name, a share "
                             "from 0 to 1)")
+    return problems
+
+
+def ceiling_problems(value: str) -> list[str]:
+    """What is wrong with a MINIONS_LEASE_AGE_CEILINGS value ('kind=seconds,...', '*' for the others)."""
+    problems = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        kind, _, seconds = item.partition("=")
+        try:
+            ok = (kind.strip() == "*" or bool(NAME.match(kind.strip()))) and float(seconds) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            problems.append(f"MINIONS_LEASE_AGE_CEILINGS: {item!r} is not kind=seconds (a kind or '*', seconds > 0)")
     return problems
 
 

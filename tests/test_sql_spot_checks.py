@@ -184,11 +184,17 @@ async def test_untrusted_executor_is_checked_until_it_earns_trust(database_url: 
     await conn.close()
 
 
-async def test_a_lone_executor_is_never_held(database_url: str) -> None:
-    conn, task_id, (a,) = await _cluster(database_url, executors=1)
+async def test_a_lone_volunteer_commits_nothing_a_lone_vouched_executor_commits(database_url: str) -> None:
+    """A volunteer alone (no replica could run) once committed its results unchecked: now its result is
+    held until another owner's executor checks it. A vouched executor alone commits at once."""
+    conn, task_id, (a,) = await _cluster(database_url, executors=1, subtasks=2)
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    assert await conn.fetchval(STATE, task_id, lease["subtask_id"]) == "checking"
+    await _vouch(conn, a)
     [lease] = await _claim(conn, a)
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
-    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
+    assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "running"
     await conn.close()
 
 
@@ -249,7 +255,7 @@ async def test_a_team_with_a_share_of_its_own(database_url: str) -> None:
     assert await conn.fetchval(COMPLETE, leases["search"]["lease_token"]) == "held"
     assert await conn.fetchval(COMPLETE, leases["other"]["lease_token"]) == "ok"
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", other) == "completed"
-    assert await conn.fetchval("SELECT minion_team_spot_check_share('other', 'search=1,elsewhere=0')") is None
+    assert await conn.fetchval("SELECT minion_pair_value('other', 'search=1,elsewhere=0')") is None
     await conn.close()
 
 
@@ -275,44 +281,53 @@ async def test_a_held_result_fixes_no_vector_length(database_url: str) -> None:
     await conn.close()
 
 
-async def test_a_lease_is_checked_only_where_a_replica_could_run(database_url: str) -> None:
-    """Checked only while another executor the replica claim would serve is alive: one silent for the
-    lease timeout, or quarantined, counts for nothing, so the result commits at once instead of
-    waiting for a replica nobody would take."""
+async def test_a_lease_is_checked_even_where_no_replica_could_run(database_url: str) -> None:
+    """Another executor silent for the lease timeout, or quarantined, could run no replica now: the
+    result is held all the same (it once committed at once, unchecked), and the replica goes to the
+    first executor of another owner that comes back."""
     conn, task_id, (a, b, c) = await _cluster(database_url, subtasks=3)
     await silence(conn, b, 3600)
     await conn.execute("UPDATE executors SET quarantined_at = now(), quarantine_reason = 'test' WHERE id = $1", c)
     [lease] = await _claim(conn, a)
-    assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "ok"
-    await conn.execute("UPDATE heartbeats SET beat_at = now(), seen_at = now() WHERE executor_id = $1", b)
-    [lease] = await _claim(conn, a)
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    assert [r["verdict"] for r in await conn.fetch(CLAIM, c, 1)] == ["quarantined"]
+    await conn.execute("UPDATE heartbeats SET beat_at = now(), seen_at = now() WHERE executor_id = $1", b)
+    [replica] = await _claim(conn, b)
+    assert replica["subtask_id"] == lease["subtask_id"]
+    assert await conn.fetchval(VOTE, replica["lease_token"], 1) == "agreed"
     counts = await conn.fetchrow("SELECT * FROM minion_task_counts($1)", task_id)
-    assert (counts["subtasks_checking"], counts["subtasks_done"], counts["subtasks_pending"]) == (1, 1, 1)
+    assert (counts["subtasks_checking"], counts["subtasks_done"], counts["subtasks_pending"]) == (0, 1, 2)
     await conn.close()
 
 
-async def test_a_check_that_cannot_finish_ends_after_the_wait(database_url: str) -> None:
-    """A lone candidate whose replicas never come commits unchecked after the wait (trust unchanged);
-    a dispute with no third executor runs again from the queue. Nothing waits for ever."""
-    conn, task_id, (a, b, _c) = await _cluster(database_url, subtasks=2)
-    first, second = await _claim(conn, a, 2)
-    assert await conn.fetchval(COMPLETE, first["lease_token"]) == "held"
-    assert await conn.fetchval(COMPLETE, second["lease_token"]) == "held"
+async def test_a_check_that_cannot_finish_is_looked_at_after_the_wait(database_url: str) -> None:
+    """After the wait a volunteer's lone candidate whose replicas never came stays held, marked overdue
+    (its task warned), never committed unchecked, and is still offered; a dispute with no third
+    executor runs again from the queue. A vouched executor's lone candidate commits unchecked."""
+    conn, task_id, (a, b, _c) = await _cluster(database_url, subtasks=3)
+    first, second, third = await _claim(conn, a, 3)
+    for lease in (first, second, third):
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
     [replica] = await _claim(conn, b)
     assert await conn.fetchval(VOTE, replica["lease_token"], None) == "disputed"
     assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 0  # not stale yet
     await conn.execute("UPDATE subtask_checks SET held_at = now() - interval '1 hour'")
-    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 2
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 3
     states = dict(await conn.fetch("SELECT subtask_id, state FROM subtasks WHERE task_id = $1", task_id))
     assert states[replica["subtask_id"]] == "pending"  # the dispute runs again
-    other = ({first["subtask_id"], second["subtask_id"]} - {replica["subtask_id"]}).pop()
-    assert states[other] == "done"
-    outcome = await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE task_id = $1 AND subtask_id = $2"
-                                  " AND executor_id = $3", task_id, other, a)
-    assert outcome == "unchecked"
+    others = sorted({first["subtask_id"], second["subtask_id"], third["subtask_id"]} - {replica["subtask_id"]})
+    assert [states[o] for o in others] == ["checking", "checking"]
+    assert await conn.fetchval("SELECT count(*) FROM subtask_checks WHERE overdue") == 2
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 0  # marked once
     assert await conn.fetchval("SELECT agreements + disagreements FROM executors WHERE id = $1", a) == 0
-    assert await conn.fetchval("SELECT count(*) FROM subtask_checks") == 0
+    # A vouched executor's lone candidate (an admin vouched after it was held) commits unchecked.
+    await _vouch(conn, a)
+    await conn.execute("UPDATE subtask_checks SET overdue = false WHERE subtask_id = $1", others[0])
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 1
+    assert await conn.fetchval(STATE, task_id, others[0]) == "done"
+    outcome = await conn.fetchval("SELECT outcome FROM subtask_attempts WHERE task_id = $1 AND subtask_id = $2"
+                                  " AND executor_id = $3", task_id, others[0], a)
+    assert outcome == "unchecked"
     await conn.close()
 
 
@@ -449,6 +464,7 @@ async def test_a_result_committed_unchecked_is_revoked_by_its_quarantine(databas
     conn, task_id, (a, _b, _c) = await _cluster(database_url, subtasks=2)
     [lease] = await _claim(conn, a)
     assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    await _vouch(conn, a)  # only a vouched executor's held result commits unchecked after the wait
     await conn.execute("UPDATE subtask_checks SET held_at = now() - interval '1 hour'")
     assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 1
     assert await conn.fetchval(STATE, task_id, lease["subtask_id"]) == "done"

@@ -401,10 +401,14 @@ def _response_schemas() -> dict[str, Schema]:
                                                          "no online executor serves its kind and model. "
                                                          "`starving`: work pending and no lease for "
                                                          "MINIONS_STARVATION_S while executors that could "
-                                                         "serve it run other work. `quarantined_results`: "
+                                                         "serve it run other work. `held_for_check`: "
+                                                         "volunteers' results held past the check wait, no "
+                                                         "executor of another owner able to check them. "
+                                                         "`quarantined_results`: "
                                                          "results of an executor quarantined after it ended.",
                          "items": _object({"code": {"type": "string",
-                                                    "enum": ["unservable", "starving", "quarantined_results"]},
+                                                    "enum": ["unservable", "starving", "held_for_check",
+                                                             "quarantined_results"]},
                                            "message": {"type": "string"}})},
         }),
         "TaskList": _object({

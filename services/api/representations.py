@@ -64,7 +64,19 @@ def task_warnings(row: Any) -> list[dict[str, str]]:
                 "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
                            f"since ({w['reason']}): they may be wrong"}
                for w in row.get("quarantined_results") or ()]
-    return _waiting(row) + _starving(row) + suspect
+    return _waiting(row) + _starving(row) + _held(row) + suspect
+
+
+def _held(row: Any) -> list[dict[str, str]]:
+    """Volunteers' results held for a check past the check wait (MINIONS_SPOT_CHECK_WAIT_S): no executor of
+    another owner could run their replicas. They commit only once one does."""
+    held = row.get("held_for_check") or 0
+    if not held or row.get("finished_at") is not None:
+        return []
+    return [{"code": "held_for_check",
+             "message": f"{held} result(s) of volunteer executors are held until an executor of another owner "
+                        "checks them (a trusted one serving this model settles them alone); none could within "
+                        "the check wait"}]
 
 
 def _starving(row: Any) -> list[dict[str, str]]:

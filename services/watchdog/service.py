@@ -248,6 +248,10 @@ class Watchdog:
         self._count(reclaimed, "sweep")
         if unpinned := await conn.fetchval(Q.unpin_idle_tasks):
             log.info("model_pins_released", tasks=unpinned)
+        settings = self.settings
+        if overage := await conn.fetchval(Q.end_overage_leases, settings.lease_age_factor, settings.lease_age_floor_s,
+                                          settings.lease_age_ceilings, settings.quarantine_after):
+            log.warning("leases_ended_over_age", leases=overage)
         if stale := await conn.fetchval(Q.settle_stale_checks, self.settings.spot_check_wait_s):
             log.warning("spot_checks_ended_unfinished", subtasks=stale, wait_s=self.settings.spot_check_wait_s)
         if rerun := await conn.fetchval(Q.settle_quarantines):

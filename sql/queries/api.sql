@@ -58,7 +58,9 @@ SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_f
                                             'reason', w.reason) ORDER BY w.noted_at)
           FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
        -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
-       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since,
+       -- sql/schema/11_checks.sql: volunteers' results held past the check wait, no replica able to run
+       (SELECT count(*) FROM subtask_checks k WHERE k.task_id = t.id AND k.overdue) AS held_for_check
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.team = $1 AND t.project = $2 AND t.name = $3;
@@ -73,7 +75,9 @@ SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_f
                                             'reason', w.reason) ORDER BY w.noted_at)
           FROM task_quarantine_warnings w WHERE w.task_id = t.id) AS quarantined_results,
        -- sql/schema/15_fair_share.sql: waiting with work pending while its executors serve others
-       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since
+       (SELECT w.since FROM task_starvation w WHERE w.task_id = t.id) AS starving_since,
+       -- sql/schema/11_checks.sql: volunteers' results held past the check wait, no replica able to run
+       (SELECT count(*) FROM subtask_checks k WHERE k.task_id = t.id AND k.overdue) AS held_for_check
 FROM tasks t
 CROSS JOIN LATERAL minion_task_counts(t.id) c
 WHERE t.id = $1;

@@ -23,8 +23,8 @@ SELECT minion_reclaim_expired();
 SELECT minion_unpin_idle_tasks();
 
 -- name: settle_stale_checks
--- Spot checks that could not finish within $1 seconds (sql/schema/11_checks.sql): a lone result commits unchecked, a
--- dispute runs again.
+-- Spot checks that could not finish within $1 seconds (sql/schema/11_checks.sql): a volunteer's lone result stays held,
+-- marked overdue; a dispute runs again.
 SELECT minion_settle_stale_checks($1);
 
 -- name: settle_quarantines
@@ -39,3 +39,8 @@ SELECT minion_fair_share_cycle($1, $2, $3);
 -- name: fair_share_off
 -- Fair share turned off: no turns, so claims take priority, then FIFO.
 DELETE FROM fair_share_turns;
+
+-- name: end_overage_leases
+-- Leases and replicas held past their age cap, heartbeats or not (sql/schema/06_leases.sql): $1 factor, $2 floor,
+-- $3 the kinds' ceilings, $4 quarantine after.
+SELECT minion_end_overage_leases($1, $2, $3, $4);

@@ -345,6 +345,8 @@ CREATE TABLE subtask_checks (
     seconds        double precision,
     started_at     timestamptz NOT NULL,
     held_at        timestamptz NOT NULL DEFAULT now(),
+    -- A volunteer's lone result no replica judged within the check wait: held on, and its task warned.
+    overdue        boolean NOT NULL DEFAULT false,
     PRIMARY KEY (task_id, subtask_id, round),
     FOREIGN KEY (task_id, subtask_id) REFERENCES subtasks (task_id, subtask_id) ON DELETE CASCADE,
     CHECK ((result_key IS NULL) = (result_sha256 IS NULL) OR result_data IS NOT NULL)

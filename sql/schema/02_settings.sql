@@ -65,3 +65,13 @@ CREATE FUNCTION minion_cluster_settings(OUT lease_timeout_s double precision, OU
 LANGUAGE sql STABLE AS $$
     SELECT minion_lease_timeout_s(), minion_max_attempts()
 $$;
+
+-- The number p_pairs ('key=value,key=value': a setting of several, as MINIONS_SPOT_CHECK_TEAM_SHARES
+-- or MINIONS_LEASE_AGE_CEILINGS) gives p_key; NULL when none.
+CREATE FUNCTION minion_pair_value(p_key text, p_pairs text) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT split_part(kv, '=', 2)::double precision
+      FROM unnest(string_to_array(p_pairs, ',')) AS kv
+     WHERE btrim(split_part(kv, '=', 1)) = p_key
+     LIMIT 1
+$$;

@@ -499,10 +499,38 @@ BEGIN
     RETURN CASE WHEN FOUND THEN tok END;
 END $$;
 
+-- How long a subtask of p_records records of task p_task_id usually runs (wall time, lease to
+-- commit): the median per record over the task's latest 1,000 finished attempts, at least 3 of them;
+-- else over those of its kind and model among the latest 5,000 attempts to end anywhere (a bounded
+-- look, whatever the history's size: a task's first stragglers and hangers are measured against its
+-- kind's pace, not waited on); NULL when neither has 3.
+CREATE FUNCTION minion_typical_run_s(p_task_id bigint, p_records integer) RETURNS double precision
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    per double precision;
+    n bigint;
+BEGIN
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x.per), count(*) INTO per, n
+      FROM (SELECT extract(epoch FROM a.ended_at - a.started_at) / greatest(coalesce(a.records, 1), 1) AS per
+              FROM subtask_attempts a
+             WHERE a.task_id = p_task_id AND a.outcome = 'done'
+             ORDER BY a.ended_at DESC LIMIT 1000) x;
+    IF n < 3 THEN
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x.per), count(*) INTO per, n
+          FROM (SELECT extract(epoch FROM a.ended_at - a.started_at) / greatest(coalesce(a.records, 1), 1) AS per
+                  FROM (SELECT r.task_id, r.ended_at, r.started_at, r.records FROM subtask_attempts r
+                         WHERE r.outcome = 'done' ORDER BY r.ended_at DESC LIMIT 5000) a
+                  JOIN tasks k ON k.id = a.task_id
+                  JOIN tasks me ON me.id = p_task_id AND me.kind = k.kind AND me.model = k.model
+                 LIMIT 1000) x;
+    END IF;
+    RETURN CASE WHEN n >= 3 THEN per * greatest(p_records, 1) END;
+END $$;
+
 -- A backup of a straggler: a lease of a task with nothing left pending that has run longer than
--- p_factor times the median of the task's finished attempts (at least three of them), taken only by
--- an executor of the task's fingerprint (a backed-up task has leases, so it is pinned). The oldest
--- such lease first. Returns the backup's token, or NULL.
+-- p_factor times a typical run of its size (minion_typical_run_s: the task's, else its kind's),
+-- taken only by an executor of the task's fingerprint (a backed-up task has leases, so it is
+-- pinned). The oldest such lease first. Returns the backup's token, or NULL.
 CREATE FUNCTION minion_claim_backup(p_executor uuid, p_caps text[], p_team text, p_factor double precision)
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
@@ -512,7 +540,7 @@ BEGIN
     FOR cand IN
         WITH leased AS (
             -- Few rows: one per busy executor (partial index subtasks_leased_at).
-            SELECT s.task_id, s.subtask_id, s.leased_at, s.capability, s.priority FROM subtasks s
+            SELECT s.task_id, s.subtask_id, s.leased_at, s.capability, s.priority, s.records FROM subtasks s
              WHERE s.state = 'leased' AND s.capability = ANY (p_caps)
                AND (p_team IS NULL OR s.team = p_team) AND s.lease_executor <> p_executor
                AND (s.capability = 'sleep:*'
@@ -525,19 +553,12 @@ BEGIN
                                 WHERE p.state = 'pending' AND p.capability = l.capability
                                   AND p.priority = l.priority AND p.task_id = l.task_id)
         ), thresholds AS (
-            -- Once per task, over its latest 1,000 finished attempts: bounded, whatever its size.
-            SELECT t.task_id, p_factor * make_interval(secs => m.median_s) AS too_long
-              FROM tails t
-             CROSS JOIN LATERAL (
-                   SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x.secs) AS median_s, count(*) AS n
-                     FROM (SELECT extract(epoch FROM a.ended_at - a.started_at) AS secs
-                             FROM subtask_attempts a
-                            WHERE a.task_id = t.task_id AND a.outcome = 'done'
-                            ORDER BY a.ended_at DESC LIMIT 1000) x) m
-             WHERE m.n >= 3
+            -- Once per task: a typical record's run (the task's size per subtask varies at its end).
+            SELECT t.task_id, minion_typical_run_s(t.task_id, 1) AS per_record FROM tails t
         )
         SELECT l.task_id, l.subtask_id FROM leased l JOIN thresholds th ON th.task_id = l.task_id
-         WHERE now() - l.leased_at > th.too_long
+         WHERE th.per_record IS NOT NULL
+           AND now() - l.leased_at > p_factor * make_interval(secs => th.per_record * greatest(l.records, 1))
            AND NOT EXISTS (SELECT 1 FROM subtask_backups b
                             WHERE b.task_id = l.task_id AND b.subtask_id = l.subtask_id)
          ORDER BY l.leased_at
@@ -549,6 +570,69 @@ BEGIN
         END IF;
     END LOOP;
     RETURN NULL;
+END $$;
+
+-- The age a lease (or a backup, or a replica) of kind p_kind, p_records records of task p_task_id,
+-- may reach, heartbeats or not: p_factor times a typical run of its size (minion_typical_run_s), at
+-- least p_floor_s, at most the kind's ceiling in p_ceilings ('kind=seconds,...'; '*' for the
+-- others), which is also the age when nothing is measured yet.
+CREATE FUNCTION minion_lease_age_cap(p_task_id bigint, p_kind text, p_records integer, p_factor double precision,
+                                     p_floor_s double precision, p_ceilings text) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT least(c.ceiling, greatest(p_floor_s, coalesce(p_factor * minion_typical_run_s(p_task_id, p_records),
+                                                         c.ceiling)))
+      FROM (SELECT coalesce(minion_pair_value(p_kind, p_ceilings),
+                            minion_pair_value('*', p_ceilings), 3600) AS ceiling) c
+$$;
+
+-- Leases, backups and replicas held past their age cap (minion_lease_age_cap), heartbeats or not:
+-- a hanger that claims and beats without finishing held a task open for 15 minutes, and a hanging
+-- replica held its check until the check wait. Each is ended as lost (a lease's subtask back to the
+-- queue, its attempt not counted against the task; a replica's offered to another executor), and
+-- its executor, unless vouched for, loses its earned trust and counts a disagreement (quarantined
+-- at p_quarantine_after, as a quorum's loser is: a hanger re-claiming what it let go would
+-- otherwise stall it for ever). Returns how many were ended.
+CREATE FUNCTION minion_end_overage_leases(p_factor double precision, p_floor_s double precision, p_ceilings text,
+                                          p_quarantine_after integer)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    o record;
+    n integer := 0;
+    why text;
+BEGIN
+    -- Only what is older than the floor is looked at (few rows, by the leased_at index): a cap is never less.
+    FOR o IN WITH held AS (
+                 SELECT s.lease_token AS tok, s.lease_executor AS executor_id, s.leased_at, s.task_id, s.subtask_id,
+                        s.records
+                   FROM subtasks s
+                  WHERE s.state = 'leased' AND s.leased_at < now() - make_interval(secs => p_floor_s)
+                 UNION ALL
+                 SELECT b.lease_token, b.executor_id, b.leased_at, b.task_id, b.subtask_id, s.records
+                   FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
+                  WHERE b.leased_at < now() - make_interval(secs => p_floor_s)
+             )
+             SELECT h.*, c.cap FROM held h JOIN tasks t ON t.id = h.task_id
+             CROSS JOIN LATERAL (SELECT minion_lease_age_cap(h.task_id, t.kind, h.records, p_factor, p_floor_s,
+                                                             p_ceilings) AS cap) c
+              WHERE h.leased_at < now() - make_interval(secs => least(c.cap, 1e9))
+              ORDER BY h.task_id, h.subtask_id LOOP
+        why := format('held past its age cap (%s s) without a result', round(o.cap::numeric));
+        IF minion_end_lease(o.tok, 'lost', why, false, true) <> 'ok' THEN
+            CONTINUE;  -- ended meanwhile
+        END IF;
+        n := n + 1;
+        CONTINUE WHEN minion_executor_vouched(o.executor_id);
+        PERFORM 1 FROM executors WHERE id = o.executor_id FOR UPDATE;
+        UPDATE executors SET disagreements = disagreements + 1, agreements = 0, trusted = false
+         WHERE id = o.executor_id;
+        UPDATE executors
+           SET quarantined_at = now(), quarantine_settled = false,
+               quarantine_reason = format('let %s leases or replicas pass their age cap or lost quorums (last: task %s, '
+                                          'subtask %s, %s)', disagreements, o.task_id, o.subtask_id, why)
+         WHERE id = o.executor_id AND quarantined_at IS NULL
+           AND disagreements >= p_quarantine_after;
+    END LOOP;
+    RETURN n;
 END $$;
 
 -- Up to p_n pending subtasks in one filter (minion_claim_in's filters: the whole queue, a team, a
@@ -913,8 +997,8 @@ END $$;
 -- one UPDATE, only when the share may choose any: none of a vouched executor (11_checks.sql), all of
 -- an executor not trusted, else each with its team's share (minions.spot_check_team_shares) or
 -- minions.spot_check_share; only checkable ones (minion_checkable, or a sampled completion with
--- proofs: minion_executor_proves) that an executor of another owner could replicate now
--- (minion_replica_executors).
+-- proofs: minion_executor_proves), whether or not an executor of another owner could replicate one now
+-- (a volunteer's result is held until one can: it never commits unchecked).
 --
 -- Tasks of the leases won are read in the lookup that lists them, and only those still 'splitting' or
 -- 'queued' are marked running (an UPDATE that changes nothing still opens the table's indexes and
@@ -1025,10 +1109,8 @@ BEGIN
               FROM tasks t
              WHERE s.lease_token = ANY (won) AND t.id = s.task_id
                AND random() < CASE WHEN share >= 1 THEN 2
-                                   ELSE coalesce(minion_team_spot_check_share(s.team::text, team_shares), share) END
-               AND (minion_checkable(t.kind, t.params) OR minion_executor_proves(p_executor, s.capability))
-               AND EXISTS (SELECT 1 FROM minion_replica_executors(s.capability, s.team::text, t.fingerprint,
-                                                                  ARRAY[p_executor]));
+                                   ELSE coalesce(minion_pair_value(s.team::text, team_shares), share) END
+               AND (minion_checkable(t.kind, t.params) OR minion_executor_proves(p_executor, s.capability));
         END IF;
     END IF;
 

@@ -38,14 +38,15 @@
 -- its own (the API calls it after each vote, the watchdog's sweep too), so a vote locks one subtask
 -- and its voters' rows, in id order, and nothing else.
 --
--- What is never checked: a lease no other executor could replicate now (online within the lease
--- timeout, not quarantined, serving its capability, of its task's fingerprint, of its team: the
--- executors a replica claim would serve), so a lone executor's results commit unchecked; and a
--- sampled completion (temperature not 0: two honest runs differ) without proofs of generation (an
--- Ollama backend's). A check that cannot finish (its replicas keep failing, or every executor that
--- could run one left) ends after minions.spot_check_wait_s (minion_settle_stale_checks, the
--- watchdog's sweep): a lone candidate commits unchecked (its attempt says so), a dispute runs again
--- from the queue.
+-- What is never checked: a sampled completion (temperature not 0: two honest runs differ) without
+-- proofs of generation (an Ollama backend's). Everything else chosen is held until checked, even when
+-- no other executor could replicate it now: a lone volunteer commits nothing (it once committed its
+-- random vectors `unchecked` whenever no replica could run). A check that cannot finish (its replicas
+-- keep failing, or every executor that could run one left) is looked at after
+-- minions.spot_check_wait_s (minion_settle_stale_checks, the watchdog's sweep): a volunteer's lone
+-- candidate stays held, marked overdue (its task's `held_for_check` warning), until an executor of
+-- another owner can run its replica (a vouched one settles it alone); a dispute runs again from the
+-- queue.
 --
 -- The settings are session settings (custom GUCs) the API and the watchdog set on their connections
 -- from MINIONS_SPOT_CHECK_SHARE, MINIONS_SPOT_CHECK_TEAM_SHARES, MINIONS_TRUST_AGREEMENTS and
@@ -61,15 +62,6 @@
 CREATE FUNCTION minion_trust_setting(p_name text, p_default double precision) RETURNS double precision
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(nullif(current_setting('minions.' || p_name, true), '')::double precision, p_default)
-$$;
-
--- The share p_shares ('team=share,team=share') gives team p_team, NULL when none.
-CREATE FUNCTION minion_team_spot_check_share(p_team text, p_shares text) RETURNS double precision
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT split_part(kv, '=', 2)::double precision
-      FROM unnest(string_to_array(p_shares, ',')) AS kv
-     WHERE btrim(split_part(kv, '=', 1)) = p_team
-     LIMIT 1
 $$;
 
 -- Whether two honest runs of a task's subtask give results a check can compare: not a sampled
@@ -198,15 +190,14 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Whether backup p_token of subtask s is of an executor not trusted yet, whose result another
--- executor could check now (its first results are all checked, whichever way it got the lease).
+-- Whether backup p_token of subtask s is of an executor not trusted yet (neither vouched for nor
+-- trusted by agreeing): its first results are all checked, whichever way it got the lease, and held
+-- until a replica can run.
 CREATE FUNCTION minion_untrusted_backup(s subtasks, p_token uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT minion_trust_setting('trust_agreements', 0) > 0
-       AND EXISTS (SELECT 1 FROM subtask_backups k JOIN executors e ON e.id = k.executor_id
-                    WHERE k.lease_token = p_token AND NOT e.trusted
-                      AND EXISTS (SELECT 1 FROM minion_replica_executors(
-                                      s.capability, s.team::text, (SELECT t.fingerprint FROM tasks t WHERE t.id = s.task_id),
-                                      ARRAY[e.id])))
+       AND EXISTS (SELECT 1 FROM subtask_backups k
+                    WHERE k.lease_token = p_token AND k.task_id = s.task_id AND k.subtask_id = s.subtask_id
+                      AND NOT minion_executor_trusted(k.executor_id))
 $$;
 
 -- Commits candidate w of checking subtask s (locked by the caller): the subtask done with w's
@@ -512,9 +503,13 @@ CREATE FUNCTION minion_release_quarantine(p_executor uuid) RETURNS boolean LANGU
 $$;
 
 -- Checks that could not finish within p_wait_s of their first held result (replicas kept failing,
--- or every executor that could run one left): a lone candidate commits unchecked ('unchecked' in its
--- attempt, trust unchanged), a dispute runs again from the queue; a replica still running is
--- dropped ('superseded'). Returns the subtasks settled. The watchdog's sweep runs it.
+-- or every executor that could run one left). A volunteer's lone candidate is never committed
+-- unchecked: it stays held, marked overdue (its task's warning), and its replica is offered on (an
+-- executor of another owner runs it when one comes; a vouched one settles it alone). A vouched
+-- executor's lone candidate (none is held today: its results commit at once) commits unchecked
+-- ('unchecked' in its attempt, trust unchanged). A dispute runs again from the queue, its replica
+-- still running dropped ('superseded'). Returns the subtasks settled or newly marked overdue. The
+-- watchdog's sweep runs it.
 CREATE FUNCTION minion_settle_stale_checks(p_wait_s double precision) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     k record;
@@ -526,17 +521,24 @@ DECLARE
 BEGIN
     FOR k IN SELECT c.task_id, c.subtask_id FROM subtask_checks c
               GROUP BY c.task_id, c.subtask_id
-             HAVING min(c.held_at) < now() - make_interval(secs => p_wait_s)
+             HAVING min(c.held_at) < now() - make_interval(secs => p_wait_s) AND NOT bool_and(c.overdue)
               ORDER BY c.task_id, c.subtask_id LOOP
         SELECT * INTO s FROM subtasks
          WHERE task_id = k.task_id AND subtask_id = k.subtask_id AND state = 'checking' FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        IF (SELECT count(*) FROM subtask_checks c WHERE c.task_id = k.task_id AND c.subtask_id = k.subtask_id) = 1 THEN
+            SELECT * INTO w FROM subtask_checks c WHERE c.task_id = k.task_id AND c.subtask_id = k.subtask_id;
+            IF NOT minion_executor_vouched(w.executor_id) THEN
+                UPDATE subtask_checks SET overdue = true WHERE lease_token = w.lease_token;
+                n := n + 1;
+                CONTINUE;
+            END IF;
+        END IF;
         FOR tok IN SELECT b.lease_token FROM subtask_backups b
                     WHERE b.task_id = k.task_id AND b.subtask_id = k.subtask_id LOOP
             PERFORM minion_end_backup(tok, 'superseded', note);
         END LOOP;
-        IF (SELECT count(*) FROM subtask_checks c WHERE c.task_id = k.task_id AND c.subtask_id = k.subtask_id) = 1 THEN
-            SELECT * INTO w FROM subtask_checks c WHERE c.task_id = k.task_id AND c.subtask_id = k.subtask_id;
+        IF w.lease_token IS NOT NULL THEN
             IF NOT minion_commit_candidate(s, w, 'unchecked', note) THEN
                 PERFORM minion_recheck_subtask(s, 'its vectors'' length is not the task''s');
             END IF;
@@ -544,6 +546,7 @@ BEGIN
             PERFORM minion_recheck_subtask(s, format('two results disagreed and no third came within %s s',
                                                      p_wait_s));
         END IF;
+        w := NULL;
         n := n + 1;
     END LOOP;
     RETURN n;

@@ -176,3 +176,69 @@ def test_the_api_sessions_carry_the_spot_check_settings() -> None:
         "minions.spot_check_team_shares": "search=1,ads=0.5"}
     with pytest.raises(ConfigError, match="MINIONS_SPOT_CHECK_TEAM_SHARES"):
         Settings(spot_check_team_shares="search=2").validate()
+
+
+async def _work_once(api: ApiHarness, executor_id: str, token: str, write: Any) -> int:
+    """One claim (no wait) and its completes, writing `write(id)` for each record; the leases served."""
+    claimed = await api.call("POST", f"/api/v1/executors/{executor_id}/claim?wait=0&max=8", token=token)
+    if claimed.status != 200:
+        assert claimed.status in (204, 403), claimed.body
+        return 0
+    leases = claimed.body["leases"] if "leases" in claimed.body else [claimed.body]
+    for lease in leases:
+        ids = [jsoncodec.loads(line)["id"] for line in lease["subtask"]["input"]["data"].splitlines() if line.strip()]
+        output = b"".join(jsoncodec.dumps_line({"id": i, "embedding": write(i)}) for i in ids)
+        done = await api.call("POST", f"/api/v1/leases/{lease['lease']['token']}/complete", token=token,
+                              json={"records": len(ids), "seconds": 0.01, "output": output.decode()})
+        assert done.status in (200, 409), done.body
+    return len(leases)
+
+
+async def test_a_lone_volunteer_commits_nothing_until_honest_executors_come(api: ApiHarness,
+                                                                          database_url: str) -> None:
+    """A volunteer alone (no other executor online) once committed its random vectors `unchecked`.
+    Now each of its results is held; past the check wait the task says so (`held_for_check`) and still
+    commits nothing. A vouched executor then comes: its replicas settle the held results with its own
+    vectors, the liar is quarantined, and the task completes with honest vectors only."""
+    conn = await connect(database_url)
+    try:
+        liar_token, _ = await make_token(conn, "executor")
+        honest_token, _ = await make_token(conn, "executor", trusted=True)
+    finally:
+        await conn.close()
+    reply = await api.call("POST", "/api/v1/tasks", json={
+        "team": "search", "project": "trust", "name": "alone", "kind": "embedding", "model": MODEL,
+        "subtask_size": 1, "input": {"records": [{"id": i, "text": f"sentence {i}"} for i in range(RECORDS)]}})
+    assert reply.status == 201, reply.body
+    liar_id = await register(api, "lone-liar", liar_token)
+    served = 0
+    for _ in range(RECORDS):
+        served += await _work_once(api, liar_id, liar_token, liar)
+    assert served == RECORDS
+    task = (await api.call("GET", "/api/v1/tasks/search/trust/alone")).body
+    assert task["status"] == "running" and task["subtasks"]["checking"] == RECORDS
+    assert task["records"]["done"] == 0
+    conn = await connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT minion_settle_stale_checks(0)") == RECORDS  # the watchdog's sweep
+        assert await conn.fetchval("SELECT count(*) FROM subtask_attempts WHERE outcome IN ('done', 'unchecked')") == 0
+    finally:
+        await conn.close()
+    task = (await api.call("GET", "/api/v1/tasks/search/trust/alone")).body
+    assert [w["code"] for w in task["warnings"]] == ["held_for_check"]
+    assert f"{RECORDS} result(s) of volunteer executors are held" in task["warnings"][0]["message"]
+
+    honest_id = await register(api, "vouched", honest_token)
+    for _ in range(4 * RECORDS):
+        await _work_once(api, honest_id, honest_token, honest)
+        task = (await api.call("GET", "/api/v1/tasks/search/trust/alone")).body
+        if task["status"] == "completed":
+            break
+    assert task["status"] == "completed", task
+    results = await api.call("GET", "/api/v1/tasks/search/trust/alone/results")
+    lines = [jsoncodec.loads(line) for line in results.body.splitlines() if line.strip()]
+    assert sorted(line["id"] for line in lines) == list(range(RECORDS))
+    for line in lines:
+        assert line["embedding"] == pytest.approx(honest(line["id"]), abs=1e-6), line["id"]
+    listed = {e["id"]: e["trust"] for e in (await api.call("GET", "/api/v1/executors")).body["executors"]}
+    assert listed[liar_id]["quarantined_at"] is not None
