@@ -86,6 +86,9 @@ class Settings:
     quarantine_after: int = _setting(2, "MINIONS_QUARANTINE_AFTER",
                                      "lost quorums (or leases let pass their age cap) after which an executor is "
                                      "quarantined", {API, WATCHDOG, UP})
+    pin_release_s: float = _setting(600.0, "MINIONS_PIN_RELEASE_S",
+                                    "a task's model pin no online executor has reported for this many seconds is "
+                                    "released (its volunteers' results run again)", {WATCHDOG, UP})
     # sql/schema/06_leases.sql's minion_lease_age_cap: the watchdog ends a lease older than this, heartbeats or not.
     lease_age_factor: float = _setting(20.0, "MINIONS_LEASE_AGE_FACTOR",
                                        "a lease (or replica) may run this many times a typical run of its size "
@@ -197,6 +200,8 @@ class Settings:
             problems.append("MINIONS_SPOT_CHECK_MIN_SIMILARITY must be from 0 to 1")
         if self.spot_check_wait_s <= 0:
             problems.append("MINIONS_SPOT_CHECK_WAIT_S must be > 0")
+        if self.pin_release_s <= 0:
+            problems.append("MINIONS_PIN_RELEASE_S must be > 0")
         if self.lease_age_factor < 1 or self.lease_age_floor_s <= 0:
             problems.append("MINIONS_LEASE_AGE_FACTOR must be >= 1 and MINIONS_LEASE_AGE_FLOOR_S > 0")
         problems.extend(ceiling_problems(self.lease_age_ceilings))

@@ -17,7 +17,11 @@ MAX_SUBTASK_SIZE = 100_000
 # A task's params ride in every lease of it that a claim hands out: a megabyte of them made each
 # claim of 32 leases a 32 MB answer. Far beyond any real system prompt or option set.
 MAX_PARAMS_BYTES = 64 * 1024
-FIELDS = frozenset({"team", "project", "name", "kind", "model", "params", "priority", "subtask_size", "input"})
+FIELDS = frozenset({"team", "project", "name", "kind", "model", "params", "priority", "subtask_size", "input",
+                    "placement"})
+# Who may lease a task's subtasks: any executor, or only those of a token an admin vouched for
+# (sql/schema/11_checks.sql): no volunteer ever sees its input.
+PLACEMENTS = ("any", "trusted")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class TaskFields:
     priority: Any
     subtask_size: Any
     input_uri: str | None  # None for inline records (or an input with a problem)
+    placement: Any = "any"
 
 
 def task_field_problems(body: dict[str, Any]) -> dict[str, str]:
@@ -80,7 +85,13 @@ def check_fields(body: dict[str, Any], errors: dict[str, str]) -> TaskFields:
         subtask_size = default_size
     if (problem := _int_between(subtask_size, 1, MAX_SUBTASK_SIZE)) is not None:
         errors["subtask_size"] = problem
-    return TaskFields(kind, model, params, priority, subtask_size, _check_input(body.get("input"), errors))
+    placement = body.get("placement", "any")
+    if placement is None:
+        placement = "any"
+    if not isinstance(placement, str) or placement not in PLACEMENTS:
+        errors["placement"] = "must be any or trusted (trusted: only executors an admin vouched for run it)"
+    return TaskFields(kind, model, params, priority, subtask_size, _check_input(body.get("input"), errors),
+                      placement)
 
 
 def check_stored_values(body: dict[str, Any], errors: dict[str, str]) -> None:

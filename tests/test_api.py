@@ -108,6 +108,22 @@ async def test_submission_is_idempotent_and_conflicts_on_a_different_body(api: A
     assert different.status == 409 and different.error["code"] == "task_exists"
 
 
+async def test_placement_is_part_of_the_task_and_checked(api: ApiHarness) -> None:
+    """`placement`: any (the default, also for null) or trusted, shown on the task and part of its body
+    (a re-submission with another placement is a different task); anything else is 422."""
+    first = await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
+    assert first.status == 201 and first.body["placement"] == "any"
+    assert (await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "placement": None})).status == 200
+    moved = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "placement": "trusted"})
+    assert moved.status == 409 and moved.error["code"] == "task_exists"
+    placed = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "name": "t2", "placement": "trusted"})
+    assert placed.status == 201 and placed.body["placement"] == "trusted"
+    assert (await api.call("GET", "/api/v1/tasks/search/ranker/t2")).body["placement"] == "trusted"
+    for bad in ("anywhere", "", 1, ["trusted"], {"trusted": True}):
+        reply = await api.call("POST", "/api/v1/tasks", json={**SLEEP_TASK, "name": "t3", "placement": bad})
+        assert reply.status == 422 and "placement" in reply.error["fields"], (bad, reply.body)
+
+
 async def test_409_results_before_the_end_and_413_too_large(api: ApiHarness) -> None:
     await api.call("POST", "/api/v1/tasks", json=SLEEP_TASK)
     reply = await api.call("GET", "/api/v1/tasks/search/ranker/t1/results")

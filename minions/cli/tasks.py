@@ -43,6 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--subtask-size", type=int, default=None,
                    help="records per subtask (default: the server's default for the kind)")
     p.add_argument("--priority", type=int, default=0, help="higher is claimed first, -1000..1000")
+    p.add_argument("--placement", choices=("any", "trusted"), default="any",
+                   help="trusted: only executors an admin vouched for run it, never a volunteer (default: any)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a task parameter; VALUE is read as JSON when it parses (repeatable)")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
@@ -191,6 +193,8 @@ async def submit(args: argparse.Namespace) -> int:
         body["model"] = args.model
     if args.subtask_size is not None:
         body["subtask_size"] = args.subtask_size
+    if args.placement != "any":
+        body["placement"] = args.placement
     # Everything is checked before anything is uploaded (the fields as the API checks them, then the
     # records): a rejected submit leaves no object behind.
     problems = task_field_problems({**body, "input": {"uri": "s3://checked-before-upload/input.jsonl"}})

@@ -161,13 +161,13 @@ class MinionsClient:
     async def submit(self, task: InputSource | TableSource, *, team: str, project: str, name: str, kind: str,
                      model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
                      subtask_size: int | None = None, id_column: str = "id",
-                     text_column: str | None = None, replace: bool = False) -> Task: ...
+                     text_column: str | None = None, replace: bool = False, placement: str = "any") -> Task: ...
 
     async def submit(self, task: Any, *, team: str | None = None, project: str | None = None,
                      name: str | None = None, kind: str | None = None, model: str | None = None,
                      params: Mapping[str, Any] | None = None, priority: int = 0,
                      subtask_size: int | None = None, id_column: str = "id",
-                     text_column: str | None = None, replace: bool = False) -> Any:
+                     text_column: str | None = None, replace: bool = False, placement: str = "any") -> Any:
         """`submit(records, team=, project=, name=, kind=, model=…)`: upload the records (a path to
         JSONL or Parquet, JSONL bytes, an iterable of dicts, a pandas DataFrame, a pyarrow Table or a
         Hugging Face Dataset) and submit a task reading them; the `Task`. Every record is checked
@@ -175,7 +175,8 @@ class MinionsClient:
         `id_column` (default `id`, else the row number) and its texts from `text_column` (default
         the kind's field: `text`, `prompt`, `messages` or `ms`): minions.sdk.tables. With `replace`,
         a task of this name goes first, once the records are uploaded and the server has judged the
-        new body acceptable (`discard`; a refused body leaves the old task as it was).
+        new body acceptable (`discard`; a refused body leaves the old task as it was). `placement`
+        "trusted": only executors an admin vouched for lease its subtasks (no volunteer sees its input).
         `submit(body)`: POST a task body as docs/API.md writes it; the wire JSON."""
         if team is None:
             if not isinstance(task, Mapping):
@@ -196,6 +197,8 @@ class MinionsClient:
             body["model"] = model
         if subtask_size is not None:
             body["subtask_size"] = subtask_size
+        if placement != "any":
+            body["placement"] = placement
         if replace:
             # Judged first, whole (fields, scope, priority cap): a body the server would refuse
             # must not cost the task it was to replace.

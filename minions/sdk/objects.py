@@ -44,6 +44,7 @@ class Task:
     subtasks: SubtaskCounts
     params: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
+    placement: str = "any"  # "trusted": only executors an admin vouched for lease it
     subtask_size: int | None = None
     input_uri: str | None = None
     created_at: datetime | None = None
@@ -77,6 +78,7 @@ class Task:
             records_total=int(records.get("total") or 0), records_done=int(records.get("done") or 0),
             subtasks=SubtaskCounts(**{k: int(counts.get(k) or 0) for k in SubtaskCounts.__dataclass_fields__}),
             params=value.get("params") or {}, priority=int(value.get("priority") or 0),
+            placement=value.get("placement") or "any",
             subtask_size=value.get("subtask_size"), input_uri=value.get("input_uri"),
             created_at=_time(value.get("created_at")), started_at=_time(value.get("started_at")),
             finished_at=_time(value.get("finished_at")), error=value.get("error"), raw=value,

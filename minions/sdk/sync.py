@@ -79,13 +79,14 @@ class SyncMinionsClient:
 
     def submit(self, records: InputSource | TableSource, *, team: str, project: str, name: str, kind: str,
                model: str | None = None, params: Mapping[str, Any] | None = None, priority: int = 0,
-               subtask_size: int | None = None, id_column: str = "id", text_column: str | None = None) -> Task:
+               subtask_size: int | None = None, id_column: str = "id", text_column: str | None = None,
+               placement: str = "any") -> Task:
         """Upload `records` (a JSONL or Parquet path, JSONL bytes, an iterable of dicts, a DataFrame,
         an Arrow table or a Hugging Face Dataset), each checked first, and submit a task on them."""
         return self._loop.run(self._client.submit(records, team=team, project=project, name=name, kind=kind,
                                                   model=model, params=params, priority=priority,
                                                   subtask_size=subtask_size, id_column=id_column,
-                                                  text_column=text_column))
+                                                  text_column=text_column, placement=placement))
 
     def get_task(self, ref: TaskRef) -> Task:
         return self._loop.run(self._client.get_task(ref))

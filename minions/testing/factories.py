@@ -41,14 +41,14 @@ async def make_tokens(database_url: str) -> tuple[str, str]:
 async def make_task(conn: asyncpg.Connection, *, team: str = "search", project: str = "ranker",
                     name: str | None = None, kind: str = "sleep", model: str = "sleep",
                     subtasks: int = 10, records_per_subtask: int = 1, priority: int = 0,
-                    max_attempts: int = 3, input_uri: str = "file:///nowhere.jsonl") -> int:
+                    max_attempts: int = 3, input_uri: str = "file:///nowhere.jsonl", placement: str = "any") -> int:
     """A task already split into `subtasks` subtasks (byte ranges are nominal)."""
     name = name or f"t-{uuid.uuid4().hex[:8]}"
     task_id: int = await conn.fetchval(
         """INSERT INTO tasks (team, project, name, kind, model, priority, subtask_size, max_attempts,
-                              input_uri, request_hash)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'h') RETURNING id""",
-        team, project, name, kind, model, priority, records_per_subtask, max_attempts, input_uri,
+                              input_uri, request_hash, placement)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'h', $10) RETURNING id""",
+        team, project, name, kind, model, priority, records_per_subtask, max_attempts, input_uri, placement,
     )
     await conn.fetchrow("SELECT * FROM minion_begin_split($1)", task_id)
     starts = [i * 100 for i in range(subtasks)]

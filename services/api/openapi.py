@@ -30,7 +30,7 @@ from minions.services.api.openapi_parts import error as _error
 from minions.services.api.openapi_parts import ok as _ok
 from minions.services.api.openapi_parts import ref as _ref
 from minions.services.api.openapi_parts import responses as _responses
-from minions.task_fields import MAX_SUBTASK_SIZE
+from minions.task_fields import MAX_SUBTASK_SIZE, PLACEMENTS
 from minions.team_shares import MAX_LEASES, MAX_PRIORITY_CAP, MAX_WEIGHT, MIN_PRIORITY_CAP
 from minions.tokens import TOKEN_ROLES
 from minions.usage import DEFAULT_SINCE, SINCE_PATTERN, SINCE_RULE, USAGE_BY
@@ -222,6 +222,9 @@ def _task_request(kind: str) -> Schema:
             "priority": {**_int(-1000, 1000, "Higher runs first. A user may set at most its team's priority cap "
                                              "(default 0, `GET /api/v1/teams`; above it: 403 "
                                              "`priority_above_cap`); an admin sets any."), "default": 0},
+            "placement": _nullable({"type": "string", "enum": list(PLACEMENTS), "default": "any",
+                                    "description": "Who may lease its subtasks: any executor, or only those "
+                                                   "of a token an admin vouched for (`trusted`)."}),
         },
     }
 
@@ -382,6 +385,8 @@ def _response_schemas() -> dict[str, Schema]:
                 "reported none); null until then, and for sleep.")}),
             "params": {"type": "object"},
             "priority": {"type": "integer"},
+            "placement": {"type": "string", "enum": list(PLACEMENTS),
+                          "description": "`trusted`: only executors of a token an admin vouched for lease it."},
             "subtask_size": {"type": "integer", "minimum": 1},
             "status": {"type": "string", "enum": list(TASK_STATUSES)},
             "subtasks": _object({**{k: _count() for k in ("total", *SUBTASK_STATES)},
@@ -404,11 +409,13 @@ def _response_schemas() -> dict[str, Schema]:
                                                          "serve it run other work. `held_for_check`: "
                                                          "volunteers' results held past the check wait, no "
                                                          "executor of another owner able to check them. "
+                                                         "`pin_released`: its model pin was released, no "
+                                                         "online executor reporting it any more. "
                                                          "`quarantined_results`: "
                                                          "results of an executor quarantined after it ended.",
                          "items": _object({"code": {"type": "string",
                                                     "enum": ["unservable", "starving", "held_for_check",
-                                                             "quarantined_results"]},
+                                                             "pin_released", "quarantined_results"]},
                                            "message": {"type": "string"}})},
         }),
         "TaskList": _object({

@@ -23,6 +23,7 @@ def task_object(row: Any, store: ObjectStore) -> dict[str, Any]:
         "fingerprint": row.get("fingerprint"),
         "params": row["params"],
         "priority": row["priority"],
+        "placement": row["placement"],
         "subtask_size": row["subtask_size"],
         "status": row["status"],
         "subtasks": {
@@ -64,7 +65,19 @@ def task_warnings(row: Any) -> list[dict[str, str]]:
                 "message": f"{w['subtasks']} subtask result(s) came from executor {w['executor_id']}, quarantined "
                            f"since ({w['reason']}): they may be wrong"}
                for w in row.get("quarantined_results") or ()]
-    return _waiting(row) + _starving(row) + _held(row) + suspect
+    return _waiting(row) + _starving(row) + _held(row) + _pin_released(row) + suspect
+
+
+def _pin_released(row: Any) -> list[dict[str, str]]:
+    """Its model pin was released: no online executor reported the fingerprint any more (the watchdog,
+    MINIONS_PIN_RELEASE_S). Shown for good: the results kept may come from another build than the rest."""
+    if row.get("pin_released_at") is None:
+        return []
+    return [{"code": "pin_released",
+             "message": f"its model pin {row['pin_released_fingerprint']} was released at "
+                        f"{iso(row['pin_released_at'])}: no online executor reported it any more. Results of "
+                        "volunteers under it ran again; those of vouched executors were kept and may come from "
+                        "another build of the model than the rest (`minions verify --all` re-runs them)"}]
 
 
 def _held(row: Any) -> list[dict[str, str]]:

@@ -27,6 +27,7 @@ class TaskRequest:
     params: dict[str, Any]
     priority: int
     subtask_size: int
+    placement: str
     records: SpooledRecords | None  # inline records, as the JSONL the store will hold
     input_uri: str | None
     request_hash: str
@@ -40,8 +41,11 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
     fields = check_fields(body, errors)
     # The fingerprint's prefix is known before the records: they are hashed as they stream by.
     fingerprint = hashlib.sha256()
+    # The placement joins the hash only when not the default: a task submitted before it existed is
+    # re-submitted as the same body.
     fingerprint.update(jsoncodec.dumps([fields.kind, fields.model, fields.params, fields.priority,
-                                        fields.subtask_size, fields.input_uri]))
+                                        fields.subtask_size, fields.input_uri]
+                                       + ([fields.placement] if fields.placement != "any" else [])))
     spooled = None
     if records is not None and "input" not in errors:
         if not _is_nonempty_list(records):
@@ -58,7 +62,8 @@ def validate_task(body: dict[str, Any], records: memoryview | None = None,
     assert isinstance(kind, str) and isinstance(model, str) and isinstance(params, dict)
     return TaskRequest(
         team=body["team"], project=body["project"], name=body["name"], kind=kind, model=model.strip(),
-        params=params, priority=fields.priority, subtask_size=fields.subtask_size, records=spooled,
+        params=params, priority=fields.priority, subtask_size=fields.subtask_size, placement=fields.placement,
+        records=spooled,
         input_uri=fields.input_uri, request_hash=fingerprint.hexdigest(),
     )
 

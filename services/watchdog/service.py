@@ -248,6 +248,8 @@ class Watchdog:
         self._count(reclaimed, "sweep")
         if unpinned := await conn.fetchval(Q.unpin_idle_tasks):
             log.info("model_pins_released", tasks=unpinned)
+        if orphaned := await conn.fetchval(Q.release_orphan_pins, self.settings.pin_release_s):
+            log.warning("orphan_model_pins_released", tasks=orphaned, after_s=self.settings.pin_release_s)
         settings = self.settings
         if overage := await conn.fetchval(Q.end_overage_leases, settings.lease_age_factor, settings.lease_age_floor_s,
                                           settings.lease_age_ceilings, settings.quarantine_after):

@@ -30,7 +30,7 @@ SELECT value FROM minion_settings WHERE key = 'store_signing_key';
 -- name is taken. $13-$16: the subtasks of a small task split at submission, or NULL; $17 its records
 -- when they are kept in the database (sql/schema/08_inputs.sql), else NULL; $18 the team's input quota (0: none).
 -- $19: the submitter is held to the team's priority cap (a user): a priority above it raises
--- priority_above_cap and nothing is submitted (sql/schema/14_teams.sql).
+-- priority_above_cap and nothing is submitted (sql/schema/14_teams.sql). $20: its placement ('any', 'trusted').
 -- capability: what its subtasks are claimed as (the payload of their NOTIFY, sql/schema/03_notify.sql).
 SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_leased, 0::bigint AS subtasks_checking,
        0::bigint AS subtasks_running,
@@ -39,7 +39,7 @@ SELECT t.*, t.open_subtasks::bigint AS subtasks_pending, 0::bigint AS subtasks_l
        minion_task_servable(t.team, t.kind, t.model) AS servable,
        minion_capability(t.kind, t.model) AS capability
 FROM minion_submit_task($1, $2, $3, $4, $5, $6, minion_priority_within_cap($1, $7, $19), $8, $9, $10, $11,
-                        $12, $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18) t;
+                        $12, $13::bigint[], $14::bigint[], $15::bigint[], $16::integer[], $17::bytea, $18, $20) t;
 
 -- name: priority_within_cap
 -- $2 when a submitter ($3: held to the cap) may give it to a task of team $1; else raises priority_above_cap.

@@ -44,3 +44,7 @@ DELETE FROM fair_share_turns;
 -- Leases and replicas held past their age cap, heartbeats or not (sql/schema/06_leases.sql): $1 factor, $2 floor,
 -- $3 the kinds' ceilings, $4 quarantine after.
 SELECT minion_end_overage_leases($1, $2, $3, $4);
+
+-- name: release_orphan_pins
+-- Model pins no online executor has reported for $1 seconds while work waits (sql/schema/06_leases.sql).
+SELECT minion_release_orphan_pins($1);

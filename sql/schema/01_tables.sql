@@ -81,6 +81,12 @@ CREATE TABLE tasks (
     -- while the task has nothing from it: minion_unpin_idle_tasks).
     fingerprint     text CHECK (length(fingerprint) BETWEEN 1 AND 160),
     fingerprint_from_revision boolean NOT NULL DEFAULT false,
+    -- Who may lease it: any executor, or only those of a token an admin vouched for (11_checks.sql).
+    placement       text NOT NULL DEFAULT 'any' CHECK (placement IN ('any', 'trusted')),
+    -- The last lease-made pin released because no executor reported its fingerprint any more
+    -- (minion_release_orphan_pins): shown as the task's warning.
+    pin_released_at timestamptz,
+    pin_released_fingerprint text,
     UNIQUE (team, project, name),
     CHECK ((status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
 );

@@ -210,17 +210,17 @@ CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_k
     p_model text, p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer,
     p_input_uri text, p_request_hash text, p_created_by bigint,
     p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
-    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL)
+    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL, p_placement text DEFAULT 'any')
 RETURNS SETOF tasks LANGUAGE plpgsql AS $$
 DECLARE
     n integer := coalesce(cardinality(p_byte_starts), 0);
     tid bigint;
 BEGIN
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by,
+                       input_uri, request_hash, created_by, placement,
                        status, split_done, open_subtasks, subtasks_total, split_offset, split_records)
     VALUES (p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
-            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by,
+            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by, p_placement,
             CASE WHEN n > 0 THEN 'queued' ELSE 'submitted' END, n > 0, n, n,
             CASE WHEN n > 0 THEN p_byte_ends[n] ELSE 0 END,
             CASE WHEN n > 0 THEN (SELECT sum(r) FROM unnest(p_records) AS r) ELSE 0 END)
@@ -248,7 +248,8 @@ END $$;
 CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
     p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
     p_request_hash text, p_created_by bigint, p_byte_starts bigint[], p_byte_ends bigint[],
-    p_first_records bigint[], p_records integer[], p_input_data bytea, p_input_quota bigint DEFAULT 0)
+    p_first_records bigint[], p_records integer[], p_input_data bytea, p_input_quota bigint DEFAULT 0,
+    p_placement text DEFAULT 'any')
 RETURNS SETOF tasks LANGUAGE plpgsql AS $$
 DECLARE
     t tasks%ROWTYPE;
@@ -261,7 +262,8 @@ BEGIN
     END IF;
     SELECT * INTO t FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority,
                                             p_subtask_size, p_max_attempts, p_input_uri, p_request_hash,
-                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records);
+                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records,
+                                            p_placement);
     IF NOT FOUND THEN
         RETURN;  -- the name is taken: answered as a re-submission, quota or not
     END IF;

@@ -412,6 +412,7 @@ DECLARE
     found_one boolean := false;
     tok uuid := gen_random_uuid();
     fps text[] := ARRAY(SELECT minion_executor_fingerprint(p_executor, c) FROM unnest(p_caps) AS c);
+    vouched boolean := minion_executor_vouched(p_executor);  -- may take tasks placed on trusted executors
 BEGIN
     -- A second probe only after a lost pin race (the task is pinned to another fingerprint now).
     FOR pass IN 1 .. 2 LOOP
@@ -424,6 +425,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
+                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -436,6 +438,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
+                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -443,12 +446,13 @@ BEGIN
         ELSE
             -- A project or a task: through its few open task rows, each an O(log n) probe of the
             -- queue index (capability, priority and task are all known).
-            FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap, fingerprint FROM tasks
+            FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap, fingerprint, placement FROM tasks
                       WHERE team = p_team AND project = p_project
                         AND (p_task_name IS NULL OR name = p_task_name)
                         AND NOT (status IN ('completed', 'failed', 'cancelled'))
                       ORDER BY priority DESC, id LOOP
                 CONTINUE WHEN NOT (t.cap = ANY (p_caps));
+                CONTINUE WHEN t.placement = 'trusted' AND NOT vouched;
                 CONTINUE WHEN t.fingerprint IS NOT NULL
                           AND t.fingerprint IS DISTINCT FROM minion_executor_fingerprint(p_executor, t.cap);
                 SELECT s.task_id, s.subtask_id, s.team, s.project, s.task_name INTO cand FROM subtasks s
@@ -546,6 +550,8 @@ BEGIN
                AND (s.capability = 'sleep:*'
                     OR (SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id)
                        = minion_executor_fingerprint(p_executor, s.capability))
+               AND (minion_executor_vouched(p_executor)
+                    OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
         ), tails AS (
             -- Tasks with nothing left pending: the only ones whose stragglers hold up the end.
             SELECT DISTINCT l.task_id FROM leased l
@@ -666,6 +672,7 @@ DECLARE
     tok uuid;
     toks uuid[] := '{}';
     taken uuid[];
+    vouched boolean;  -- may take tasks placed on trusted executors (read once a probe needs it)
 BEGIN
     IF p_n < 1 THEN
         RETURN '{}';
@@ -696,6 +703,7 @@ BEGIN
     IF p_project IS NULL THEN
         fp := minion_executor_fingerprint(p_executor, caps[1]);
     END IF;
+    vouched := minion_executor_vouched(p_executor);
     -- A second probe only after a lost pin race.
     FOR pass IN 1 .. 2 LOOP
         task_ids := '{}';
@@ -711,6 +719,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
+                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
                        AND NOT (s.team::text = ANY (p_excluded))
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
@@ -721,6 +730,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.team = p_team AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
+                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
         ELSE
@@ -731,16 +741,17 @@ BEGIN
             -- condition: in one generic plan (above) that condition could not use the task's name, and
             -- every claim would read all of the project's tasks. Only one branch runs: the first is gated
             -- on the name being NULL, the second finds nothing when it is.
-            FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap, fingerprint FROM tasks
+            FOR t IN SELECT id, priority, minion_capability(kind, model) AS cap, fingerprint, placement FROM tasks
                       WHERE p_task_name IS NULL AND team = p_team AND project = p_project
                         AND NOT (status IN ('completed', 'failed', 'cancelled'))
                      UNION ALL
-                     SELECT id, priority, minion_capability(kind, model), fingerprint FROM tasks
+                     SELECT id, priority, minion_capability(kind, model), fingerprint, placement FROM tasks
                       WHERE team = p_team AND project = p_project AND name = p_task_name
                         AND NOT (status IN ('completed', 'failed', 'cancelled'))
                       ORDER BY 2 DESC, 1 LOOP
                 EXIT WHEN cardinality(task_ids) + cardinality(toks) >= p_n;
                 CONTINUE WHEN NOT (t.cap = ANY (caps));
+                CONTINUE WHEN t.placement = 'trusted' AND NOT vouched;
                 CONTINUE WHEN t.fingerprint IS NOT NULL
                           AND t.fingerprint IS DISTINCT FROM minion_executor_fingerprint(p_executor, t.cap);
                 SELECT coalesce(array_agg(q.task_id ORDER BY q.subtask_id), '{}'),
@@ -847,6 +858,54 @@ BEGIN
          WHERE k.id = t.id AND k.fingerprint IS NOT NULL AND NOT k.fingerprint_from_revision
            AND NOT EXISTS (SELECT 1 FROM subtasks s
                             WHERE s.task_id = t.id AND s.state NOT IN ('pending', 'failed', 'cancelled'));
+        IF FOUND THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END $$;
+
+-- Open tasks pinned by a lease (not by `name@revision`) to a fingerprint that no executor online
+-- within p_after_s reports (not quarantined), while work of theirs waits (pending or held for a
+-- check): a pin whose machine went away would strand the task for ever beside executors of another
+-- build. The pin is released (the next vouched executor's lease pins the task again) and noted on the
+-- task (its `pin_released` warning: the results it keeps may come from another build than the rest),
+-- and every result a volunteer (an executor not vouched for) committed under it runs again: the
+-- pinning executor's word stood for them. Returns the tasks released.
+CREATE FUNCTION minion_release_orphan_pins(p_after_s double precision) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+    d record;
+    n integer := 0;
+BEGIN
+    FOR t IN SELECT k.id, k.fingerprint FROM tasks k
+              WHERE k.fingerprint IS NOT NULL AND NOT k.fingerprint_from_revision AND k.kind <> 'sleep'
+                AND k.status IN ('queued', 'running')
+                AND EXISTS (SELECT 1 FROM subtasks s WHERE s.task_id = k.id AND s.state IN ('pending', 'checking'))
+                AND NOT EXISTS (SELECT 1 FROM executor_fingerprints f
+                                  JOIN executors e ON e.id = f.executor_id
+                                  JOIN heartbeats h ON h.executor_id = f.executor_id
+                                 WHERE f.capability = minion_capability(k.kind, k.model)
+                                   AND f.fingerprint = k.fingerprint AND e.quarantined_at IS NULL
+                                   AND h.alive_at > now() - make_interval(secs => p_after_s))
+              ORDER BY k.id LOOP
+        -- Subtasks first, then the task: the lock order of every function that ends an attempt.
+        FOR d IN SELECT s.task_id, s.subtask_id, s.records, s.lease_token
+                   FROM subtasks s JOIN subtask_attempts a ON a.task_id = s.task_id AND a.subtask_id = s.subtask_id
+                                                         AND a.lease_token = s.lease_token
+                  WHERE s.task_id = t.id AND s.state = 'done' AND a.outcome IN ('done', 'unchecked')
+                    AND NOT minion_executor_vouched(a.executor_id)
+                  ORDER BY s.subtask_id
+                    FOR UPDATE OF s LOOP
+            PERFORM 1 FROM tasks WHERE id = t.id AND status IN ('queued', 'running') FOR UPDATE;
+            EXIT WHEN NOT FOUND;
+            PERFORM minion_revoke_result(d.task_id, d.subtask_id, d.records, d.lease_token,
+                                         'its result was a volunteer''s under a model pin released',
+                                         format('model pin %s released: no executor reported it for %s s',
+                                                t.fingerprint, p_after_s));
+        END LOOP;
+        UPDATE tasks SET fingerprint = NULL, pin_released_at = now(), pin_released_fingerprint = t.fingerprint
+         WHERE id = t.id AND fingerprint = t.fingerprint AND status IN ('queued', 'running');
         IF FOUND THEN
             n := n + 1;
         END IF;

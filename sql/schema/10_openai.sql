@@ -20,10 +20,12 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_task bigint;
 BEGIN
+    -- metadata.placement 'trusted' (checked by the API): only vouched executors lease it.
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by)
+                       input_uri, request_hash, created_by, placement)
     VALUES (p_team, p_project, p_id, p_kind, p_model, p_params, p_priority, p_subtask_size, p_max_attempts,
-            p_input_uri, p_id, p_created_by)
+            p_input_uri, p_id, p_created_by,
+            CASE WHEN p_metadata ->> 'placement' = 'trusted' THEN 'trusted' ELSE 'any' END)
     RETURNING id INTO v_task;
     INSERT INTO openai_batches (id, team, task_id, endpoint, input_file_id, completion_window, metadata,
                                 request_total, record_total, created_by, in_progress_at, expires_at)

@@ -177,6 +177,7 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM subtask_backups b WHERE b.task_id = h.task_id AND b.subtask_id = h.subtask_id)
            AND (h.capability = 'sleep:*' OR t.fingerprint IS NULL
                 OR t.fingerprint = minion_executor_fingerprint(p_executor, h.capability))
+           AND (t.placement = 'any' OR minion_executor_vouched(p_executor))
            AND minion_replica_allowed(p_executor, p_token_id, h.task_id, h.subtask_id, h.capability, h.team::text,
                                       t.fingerprint)
          ORDER BY h.priority DESC, h.task_id, h.subtask_id
@@ -399,6 +400,30 @@ BEGIN
     RETURN 'no_quorum';
 END $$;
 
+-- A committed result revoked: done subtask (p_task_id, p_subtask_id) of p_records records, committed
+-- by lease p_lease_token, runs again from the queue (p_why its last error, p_attempt_error its attempt's,
+-- now 'revoked'). The caller holds the subtask's and its open task's locks; the reopened subtask counts
+-- as open again through this backend's progress slot, and a task left with no committed result has its
+-- vector length fixed again by the next one (it may have been the revoked result's).
+CREATE FUNCTION minion_revoke_result(p_task_id bigint, p_subtask_id integer, p_records integer, p_lease_token uuid,
+                                     p_why text, p_attempt_error text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE subtasks
+       SET state = 'pending', lease_token = NULL, output_key = NULL, result_key = NULL, result_sha256 = NULL,
+           result_bytes = NULL, result_data = NULL, done_at = NULL, check_token = NULL, last_error = p_why
+     WHERE task_id = p_task_id AND subtask_id = p_subtask_id;
+    UPDATE subtask_attempts SET outcome = 'revoked', error = p_attempt_error
+     WHERE task_id = p_task_id AND subtask_id = p_subtask_id AND lease_token = p_lease_token
+       AND outcome IN ('done', 'unchecked');
+    INSERT INTO task_progress_slots AS p (task_id, slot, closed, failed, records_done)
+    VALUES (p_task_id, pg_backend_pid(), -1, 0, -p_records)
+    ON CONFLICT (task_id, slot) DO UPDATE
+       SET closed = p.closed - 1, records_done = p.records_done - p_records;
+    UPDATE tasks SET embedding_dimension = NULL
+     WHERE id = p_task_id AND embedding_dimension IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM subtasks x WHERE x.task_id = p_task_id AND x.state = 'done');
+END $$;
+
 -- The rest of each quarantine flagged by a vote (or by minion_quarantine_executor): the executor's
 -- leases and replicas released, the results it holds for checks dropped (a subtask left with none
 -- runs again from the queue), every result it committed in a task not ended yet revoked and run
@@ -449,21 +474,9 @@ BEGIN
                     FOR UPDATE OF s LOOP
             PERFORM 1 FROM tasks WHERE id = d.task_id AND status IN ('splitting', 'queued', 'running') FOR UPDATE;
             CONTINUE WHEN NOT FOUND;
-            UPDATE subtasks
-               SET state = 'pending', lease_token = NULL, output_key = NULL, result_key = NULL, result_sha256 = NULL,
-                   result_bytes = NULL, result_data = NULL, done_at = NULL, check_token = NULL,
-                   last_error = 'its result came from a quarantined executor'
-             WHERE task_id = d.task_id AND subtask_id = d.subtask_id;
-            UPDATE subtask_attempts SET outcome = 'revoked', error = 'executor quarantined: ' || q.reason
-             WHERE task_id = d.task_id AND subtask_id = d.subtask_id AND lease_token = d.lease_token
-               AND outcome IN ('done', 'unchecked');
-            INSERT INTO task_progress_slots AS p (task_id, slot, closed, failed, records_done)
-            VALUES (d.task_id, pg_backend_pid(), -1, 0, -d.records)
-            ON CONFLICT (task_id, slot) DO UPDATE
-               SET closed = p.closed - 1, records_done = p.records_done - d.records;
-            UPDATE tasks SET embedding_dimension = NULL
-             WHERE id = d.task_id AND embedding_dimension IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM subtasks x WHERE x.task_id = d.task_id AND x.state = 'done');
+            PERFORM minion_revoke_result(d.task_id, d.subtask_id, d.records, d.lease_token,
+                                         'its result came from a quarantined executor',
+                                         'executor quarantined: ' || q.reason);
             n := n + 1;
         END LOOP;
         -- Tasks that ended with its results (after the revokes: a task that ended meanwhile is warned).
@@ -579,6 +592,10 @@ CREATE TRIGGER subtask_backups_notify_replica AFTER DELETE ON subtask_backups
 
 -- The verification task of task p_task_id, named p_name in the same team and project, and how many
 -- subtasks it holds. task_id NULL: nothing to verify (subtasks 0), or p_name is taken (subtasks -1).
+-- Suspect (without p_all): a result of an executor quarantined since, one committed unchecked, and a
+-- volunteer's that no vouched executor agreed with (a stranger's word, or none). The verification
+-- runs on vouched executors only (placement 'trusted'): never on the volunteers that made the results
+-- or their owners' machines, and pinned by a vouched executor's fingerprint, not a made-up one.
 CREATE FUNCTION minion_verify_task(p_task_id bigint, p_name text, p_all boolean, p_created_by bigint,
                                    OUT task_id bigint, OUT subtasks integer)
 LANGUAGE plpgsql AS $$
@@ -597,17 +614,22 @@ BEGIN
        AND (p_all OR EXISTS (SELECT 1 FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
                               WHERE a.task_id = s.task_id AND a.subtask_id = s.subtask_id
                                 AND a.lease_token = s.lease_token AND a.outcome IN ('done', 'unchecked')
-                                AND e.quarantined_at IS NOT NULL));
+                                AND (e.quarantined_at IS NOT NULL OR a.outcome = 'unchecked'
+                                     OR (NOT minion_executor_vouched(e.id)
+                                         AND NOT EXISTS (SELECT 1 FROM subtask_attempts v
+                                                          WHERE v.task_id = s.task_id AND v.subtask_id = s.subtask_id
+                                                            AND v.outcome = 'agreed'
+                                                            AND minion_executor_vouched(v.executor_id))))));
     subtasks := picked.n;
     IF subtasks = 0 THEN
         RETURN;
     END IF;
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts, input_uri,
-                       request_hash, created_by)
+                       request_hash, created_by, placement)
     VALUES (t.team, t.project, p_name, t.kind,
             CASE WHEN t.fingerprint_from_revision THEN t.model || '@' || t.fingerprint ELSE t.model END,
             t.params, t.priority, t.subtask_size, t.max_attempts, t.input_uri, 'verify:' || t.request_hash,
-            p_created_by)
+            p_created_by, 'trusted')
     ON CONFLICT (team, project, name) DO NOTHING
     RETURNING id INTO new_id;
     IF new_id IS NULL THEN

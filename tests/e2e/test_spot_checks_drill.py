@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import math
 import random
+import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import pytest
 from minions import jsoncodec
 from minions.sample import embedding_records
 from minions.testing.factories import make_token
+from minions.testing.waiting import eventually
 from tests.e2e.test_agent_e2e import MINILM, cluster
 
 RECORDS = embedding_records(200)
@@ -343,3 +345,42 @@ async def test_framers_with_one_token_or_two_cannot_quarantine_the_honest_or_com
                 WHERE e.name = ANY ($1) AND a.outcome IN ('done', 'unchecked')""", list(framers))
         assert committed == 0
         assert sum(liar.leases for liar in (first, second, third, fourth)) >= 2  # they did take part
+
+
+async def test_a_made_up_fingerprint_neither_pins_nor_commits(database_url: str, tmp_path: Path) -> None:
+    """A volunteer registers a fingerprint no honest agent has (`sha256:…deadbeef`) and claims first,
+    before any honest agent has taken a lease: before, its first lease pinned the task to its
+    fingerprint and all 300 of its random vectors committed unchecked, no other executor able to check
+    them. Now a volunteer's fingerprint pins nothing and its results are held until checked: the
+    vouched agents' first lease pins the task to theirs, their replicas outvote the made-up results,
+    and the task completes with sentence-transformers' vectors only."""
+    reference = asyncio.get_running_loop().run_in_executor(None, _reference)
+    records = RECORDS[:40]
+    async with cluster(database_url, tmp_path, extra_env=_settings("0.02")) as c:
+        faker = await _beside_two_agents(c, "faker", random_vectors, "--precision", "fp32")
+        honest_fingerprint = faker.fingerprint["fingerprint"]
+        faker.fingerprint = {**faker.fingerprint, "fingerprint": "sha256:" + "0" * 56 + "deadbeef"}
+        async with running(faker):
+            # The honest agents busy elsewhere (stopped for a moment): the faker takes the first leases.
+            for agent in c.fleet.agents:
+                agent.process.send_signal(signal.SIGSTOP)
+            try:
+                await c.submit("made-up", "embedding", records, model=MINILM, subtask_size=2)
+
+                async def took_some() -> bool:
+                    return faker.leases >= 3
+
+                await eventually(took_some, "the faker to take the first leases", timeout_s=30)
+                assert await c.conn.fetchval("SELECT fingerprint FROM tasks WHERE name = 'made-up'") is None
+            finally:
+                for agent in c.fleet.agents:
+                    agent.process.send_signal(signal.SIGCONT)
+            done = await c.status("made-up", "completed", "failed", "cancelled", timeout_s=300)
+        assert done["status"] == "completed", done
+        assert done["fingerprint"] == honest_fingerprint
+        _assert_sentence_transformers({r["id"]: r["embedding"] for r in await c.results("made-up")},
+                                      await reference, records)
+        committed = await c.conn.fetchval(
+            """SELECT count(*) FROM subtask_attempts a JOIN executors e ON e.id = a.executor_id
+                WHERE e.name = 'faker' AND a.outcome IN ('done', 'unchecked')""")
+        assert committed == 0

@@ -137,3 +137,10 @@ async def test_a_users_batch_priority_is_held_to_its_teams_cap(database_url: str
         default = await c.call(create, {})
         priorities = {r["name"]: r["priority"] for r in await c.conn.fetch("SELECT name, priority FROM tasks")}
         assert priorities == {at_cap.id: 3, admin.id: 1000, default.id: 0}
+        # metadata.placement: "trusted" keeps the batch on vouched executors; anything but any/trusted is 422.
+        with pytest.raises(openai.UnprocessableEntityError) as invalid:
+            await c.call(create, {"placement": "volunteers"})
+        assert "metadata.placement" in str(invalid.value.body), invalid.value.body
+        placed = await c.call(create, {"placement": "trusted"})
+        assert await c.conn.fetchval("SELECT placement FROM tasks WHERE name = $1", placed.id) == "trusted"
+        assert await c.conn.fetchval("SELECT placement FROM tasks WHERE name = $1", default.id) == "any"

@@ -26,6 +26,7 @@ from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
 from minions.services.api.openai.validate import InputCheck
 from minions.services.api.priority_cap import capped, refused_above_cap
 from minions.services.api.responses import json_response
+from minions.task_fields import PLACEMENTS
 
 Q = Queries("openai")
 log = get_logger(__name__)
@@ -69,6 +70,8 @@ def _placement(principal: Principal, metadata: dict[str, str]) -> tuple[str, str
     for key, value in (("metadata.team", team), ("metadata.project", project)):
         if not is_name(value):
             problems[key] = "not a valid name (1-64 of A-Za-z0-9._-, starting alphanumeric)"
+    if metadata.get("placement", "any") not in PLACEMENTS:
+        problems["metadata.placement"] = "any or trusted (trusted: only executors an admin vouched for run it)"
     priority = _priority(metadata.get("priority", "0"))
     if priority is None:
         problems["metadata.priority"] = (f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, as a string "

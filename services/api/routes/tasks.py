@@ -121,7 +121,7 @@ async def _submit(request: web.Request, principal: Principal, task: TaskRequest)
             row = await pool.fetchrow(
                 Q.submit_task, task.team, task.project, task.name, task.kind, task.model, task.params,
                 task.priority, task.subtask_size, None, input_uri, task.request_hash, principal.token_id, *split,
-                quota, capped(principal),
+                quota, capped(principal), task.placement,
             )
     except asyncpg.ConfigurationLimitExceededError:  # a kept input past the team's quota: nothing committed
         raise inputs.quota_exceeded(task.team, int(await pool.fetchval(Q.team_input_bytes, task.team)),

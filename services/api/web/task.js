@@ -11,7 +11,7 @@ const MAX_SUBTASKS = 2000; // cells drawn; the counts above always cover the who
 const PAGE = 1000;
 const PREVIEW_LINES = 20;
 const ATTEMPT_ROWS = 100;
-const WARNING_LABEL = { unservable: "Waiting. ", held_for_check: "Held for a check. ", quarantined_results: "Results in doubt. " };
+const WARNING_LABEL = { unservable: "Waiting. ", held_for_check: "Held for a check. ", pin_released: "Model pin released. ", quarantined_results: "Results in doubt. " };
 // A subtask state is shown by its name, capitalised, but for a leased subtask: its executor is running it.
 const STATE_LABEL = { leased: "Running" };
 const stateLabel = (state) => STATE_LABEL[state] || state[0].toUpperCase() + state.slice(1);
