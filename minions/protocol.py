@@ -163,6 +163,9 @@ class LeasedSubtask(Struct, kw_only=True, omit_defaults=True):
     output: OutputRef
     check: Annotated[CheckRef | None, Meta(description=(
         "Present on a spot check's replica of a completion task: the results it checks."))] = None
+    params_from: Annotated[Annotated[int, Meta(ge=0)] | None, Meta(description=(
+        "Only in a batched claim asked with `params=once`: this lease's `params` are those of the lease at "
+        "this index of the same answer (a lease of the same task), and its own `params` is empty."))] = None
 
     @property
     def label(self) -> str:
@@ -186,6 +189,32 @@ class Lease(Struct, kw_only=True):
 
 class LeaseBatch(Struct, kw_only=True):
     leases: Annotated[list[Lease], Meta(min_length=1)]
+
+    def sharing_params(self) -> LeaseBatch:
+        """The same answer with each task's params sent once: every later lease of a task refers to the
+        first (`params_from`). A task's params (up to 64 KiB) rode in each of a claim's 32 leases."""
+        first: dict[tuple[str, str, str], int] = {}
+        for n, lease in enumerate(self.leases):
+            sub = lease.subtask
+            at = first.setdefault((sub.team, sub.project, sub.task_name), n)
+            if at != n and sub.params:
+                sub.params, sub.params_from = {}, at
+        return self
+
+    def with_params(self) -> LeaseBatch:
+        """Each lease's own params again, where the answer sent them once (`params_from`); a reference to
+        anything but an earlier lease of the same task is a ProtocolError."""
+        for n, lease in enumerate(self.leases):
+            sub = lease.subtask
+            if sub.params_from is None:
+                continue
+            at = sub.params_from
+            source = self.leases[at].subtask if at < n else None
+            if source is None or (source.team, source.project, source.task_name) != (sub.team, sub.project,
+                                                                                      sub.task_name):
+                raise ProtocolError(f"lease {n}: params_from {at} names no earlier lease of its task")
+            sub.params, sub.params_from = source.params, None
+        return self
 
 
 # ---------------------------------------------------------------- heartbeat

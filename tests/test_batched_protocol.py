@@ -13,6 +13,7 @@ import pytest
 import yarl
 
 from minions import jsoncodec, protocol
+from minions.agents.macos.protocol import parse_claims
 from minions.testing.factories import make_task
 from tests.support.api import ApiHarness, running_api
 from tests.support.leases import sleep_output
@@ -250,3 +251,52 @@ async def test_a_failures_text_is_kept_to_the_protocols_cap(database_url: str, t
         finally:
             await conn.close()
         assert kept == error[:protocol.MAX_ERROR_CHARS]
+
+
+async def test_params_once_sends_each_tasks_params_once_per_answer(database_url: str, tmp_path: Path) -> None:
+    """A task's params (up to 64 KiB) rode in every lease of a claim's answer. With `params=once` the
+    first lease of each task carries them and the others refer to it (`params_from`); the agent's
+    decoding gives every lease its params back. Without it (executors written before), every lease
+    carries them; another value is 422."""
+    async with running_api(database_url, tmp_path / "store") as api:
+        task_id, _ = await _task(database_url, tmp_path / "store", 6)
+        big = {"note": "x" * 30_000}
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("UPDATE tasks SET params = $2::jsonb WHERE id = $1", task_id, jsoncodec.dumps_str(big))
+        finally:
+            await conn.close()
+        executor = await api.register("sharing")
+        once = await api.call("POST", f"/api/v1/executors/{executor}/claim?wait=0&max=3&params=once",
+                              token="executor")
+        assert once.status == 200, once.body
+        leases = once.body["leases"]
+        assert leases[0]["subtask"]["params"] == big and "params_from" not in leases[0]["subtask"]
+        assert [(lease["subtask"]["params"], lease["subtask"]["params_from"]) for lease in leases[1:]] == [({}, 0)] * 2
+        assert len(jsoncodec.dumps(once.body)) < 2 * 30_000
+        decoded = parse_claims(once.body)
+        assert [claim.subtask.params for claim in decoded] == [big] * 3
+        each = await _claim(api, executor, 3)
+        assert [lease["subtask"]["params"] for lease in each] == [big] * 3
+        bad = await api.call("POST", f"/api/v1/executors/{executor}/claim?wait=0&max=3&params=some",
+                             token="executor")
+        assert bad.status == 422 and "params" in bad.error["fields"]
+
+
+def test_a_params_reference_to_another_task_or_a_later_lease_is_refused() -> None:
+    def lease(task: str, params: dict[str, Any], params_from: int | None = None) -> dict[str, Any]:
+        subtask = {"team": "t", "project": "p", "task_name": task, "subtask_id": 0, "attempt": 1, "kind": "sleep",
+                   "model": None, "params": params,
+                   "input": {"url": None, "range": [0, 2], "records": 1, "data": "{}"},
+                   "output": {"url": "http://x/out"}}
+        if params_from is not None:
+            subtask["params_from"] = params_from
+        return {"lease": {"token": "00000000-0000-0000-0000-000000000000",
+                          "expires_at": "2026-01-01T00:00:00+00:00"}, "subtask": subtask}
+
+    with pytest.raises(protocol.ProtocolError, match="params_from 1"):
+        parse_claims({"leases": [lease("a", {}, 1), lease("a", {"x": 1})]})
+    with pytest.raises(protocol.ProtocolError, match="params_from 0"):
+        parse_claims({"leases": [lease("a", {"x": 1}), lease("b", {}, 0)]})
+    assert [c.subtask.params for c in parse_claims({"leases": [lease("a", {"x": 1}), lease("a", {}, 0)]})] == [
+        {"x": 1}, {"x": 1}]

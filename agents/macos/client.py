@@ -124,13 +124,13 @@ class ExecutorClient:
 
     async def claim_batch(self, executor_id: str, wait_s: float, most: int) -> list[Claim]:
         """Up to `most` leases (as many as are pending once there is one), or [] when nothing came
-        within `wait_s`."""
+        within `wait_s`. Each task's params come once per answer (`params=once`), each lease gets them."""
         timeout = aiohttp.ClientTimeout(total=wait_s + _CLAIM_GRACE_S, sock_connect=10)
         status, body = await self._api(
             "POST",
             f"/executors/{executor_id}/claim",
             None,
-            params={"wait": f"{wait_s:g}", "max": str(most)},
+            params={"wait": f"{wait_s:g}", "max": str(most), "params": "once"},
             client_timeout=timeout,
         )
         if status == 204:

@@ -35,7 +35,7 @@ def parse_claim(body: Any) -> Claim:
 def parse_claims(body: Any) -> list[Claim]:
     """The answer to a claim with `max` (a LeaseBatch)."""
     try:
-        return [_checked(lease) for lease in protocol.convert(body, protocol.LeaseBatch).leases]
+        return [_checked(lease) for lease in protocol.convert(body, protocol.LeaseBatch).with_params().leases]
     except ProtocolError as exc:
         raise ProtocolError(f"bad claim answer: {exc}") from exc
 

@@ -825,6 +825,9 @@ def _paths() -> dict[str, Schema]:
                                  "Up to this many subtasks at once (cut to `MINIONS_MAX_CLAIM`), answered as a "
                                  "`LeaseBatch` with as many as are pending, never waiting once there is one. "
                                  "Absent: one, answered as a `Lease`."),
+                    _query_param("params", {"type": "string", "enum": ["each", "once"], "default": "each"},
+                                 "`once`: in a `LeaseBatch`, each task's params ride in its first lease only; the "
+                                 "others carry `params_from`, that lease's index, and empty `params`."),
                 ],
                 "responses": _responses(
                     _ok({"oneOf": [_ref("Lease"), _ref("LeaseBatch")]},
@@ -833,7 +836,8 @@ def _paths() -> dict[str, Schema]:
                     _AUTHED, **{**executor_errors, "e403": executor_errors["e403"] + " Or the executor is "
                                 "quarantined (`quarantined`, with the reason): its results lost spot checks."},
                     e409="The executor deregistered (`deregistered`).",
-                    e422="`wait` is not a number from 0 to 86400, or `max` not a whole number from 1.",
+                    e422="`wait` is not a number from 0 to 86400, `max` not a whole number from 1, or `params` "
+                         "neither each nor once.",
                 ),
             },
         },

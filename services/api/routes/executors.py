@@ -221,6 +221,10 @@ async def claim(request: web.Request) -> web.Response:
     wait = min(query_float(request, "wait", settings.long_poll_s, 0, 86400), settings.long_poll_s)
     # Without `max`, the first protocol's single lease; with it, a LeaseBatch of up to that many.
     batched = bool(request.query.get("max"))
+    # params=once: each task's params once per answer (params_from), not once per lease.
+    sharing = request.query.get("params", "each")
+    if sharing not in ("each", "once"):
+        raise invalid({"params": "each or once"})
     most = min(query_int(request, "max", 1, 1, protocol.MAX_NUMBER), settings.max_claim)
     pool, waiters = request.app[POOL], request.app[WAITERS]
     loop = asyncio.get_running_loop()
@@ -238,7 +242,7 @@ async def claim(request: web.Request) -> web.Response:
             rows = await pool.fetch(Q.claim_batch, executor_id, owner, most, settings.straggler_factor)
             verdict = rows[0]["verdict"]
             if verdict == "leased":
-                return await _answer(request, rows, batched=batched)
+                return await _answer(request, rows, batched=batched, params_once=sharing == "once")
             if verdict == "quarantined":  # sql/schema/11_checks.sql: its results lost quorums
                 reason = await pool.fetchval(Q.quarantine_reason, executor_id)
                 raise forbidden(f"this executor is quarantined: {reason}; an admin may release it "
@@ -255,9 +259,10 @@ def _hung_up(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> web.Response:
+async def _answer(request: web.Request, rows: list[Any], *, batched: bool, params_once: bool = False) -> web.Response:
     """The leases won, as one Lease (a claim without `max`: the first protocol's answer) or a
-    LeaseBatch; handed back at once when the executor cannot be told."""
+    LeaseBatch (each task's params sent once with `params_once`); handed back at once when the
+    executor cannot be told."""
     pool = request.app[POOL]
     try:
         if _hung_up(request):
@@ -282,7 +287,11 @@ async def _answer(request: web.Request, rows: list[Any], *, batched: bool) -> we
     facts = request.app[LEASES]
     for row, data in zip(rows, inputs, strict=True):
         facts.remember(row, data)
-    message: protocol.Lease | protocol.LeaseBatch = protocol.LeaseBatch(leases=leases) if batched else leases[0]
+    message: protocol.Lease | protocol.LeaseBatch = leases[0]
+    if batched:
+        message = protocol.LeaseBatch(leases=leases)
+        if params_once:
+            message = message.sharing_params()
     return json_response(protocol.to_builtins(message))
 
 
