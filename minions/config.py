@@ -67,10 +67,10 @@ class Settings:
     # sql/schema/11_checks.sql: set on the API's database sessions, read by the claim.
     spot_check_share: float = _setting(0.02, "MINIONS_SPOT_CHECK_SHARE",
                                        "share of a trusted executor's subtasks run again by another executor "
-                                       "before they commit (0 to 1)", {API, UP})
+                                       "before they commit (0 to 1)", {API, WATCHDOG, UP})
     spot_check_team_shares: str = _setting("", "MINIONS_SPOT_CHECK_TEAM_SHARES",
                                            "teams with a share of their own: team=share,team=share "
-                                           "(sql/schema/11_checks.sql)", {API, UP})
+                                           "(sql/schema/11_checks.sql)", {API, WATCHDOG, UP})
     spot_check_min_cosine: float = _setting(0.999, "MINIONS_SPOT_CHECK_MIN_COSINE",
                                             "two embeddings of a record agree at this cosine or more", {API, UP})
     spot_check_min_similarity: float = _setting(0.9, "MINIONS_SPOT_CHECK_MIN_SIMILARITY",
@@ -82,7 +82,8 @@ class Settings:
                                         "again)", {WATCHDOG, UP})
     trust_agreements: int = _setting(5, "MINIONS_TRUST_AGREEMENTS",
                                      "checks a new executor (or one whose model changed) must pass before only "
-                                     "the random share of its results is checked (0: trust at once)", {API, UP})
+                                     "the random share of its results is checked (0: trust at once)",
+                                     {API, WATCHDOG, UP})
     quarantine_after: int = _setting(2, "MINIONS_QUARANTINE_AFTER",
                                      "lost quorums (or leases let pass their age cap) after which an executor is "
                                      "quarantined", {API, WATCHDOG, UP})

@@ -546,3 +546,33 @@ async def test_sampled_completions_are_checked_where_they_carry_proofs(database_
     assert agreements == {proving: 1, other_proving: 0, plain: 0}
     assert await conn.fetchval("SELECT status FROM tasks WHERE id = $1", task_id) == "completed"
     await conn.close()
+
+
+async def test_a_volunteer_alone_never_fails_a_subtask_for_good(database_url: str) -> None:
+    """With checks on, a volunteer's non-retryable failure is retried, and its owner's failed or lost
+    attempts of a subtask count once towards max_attempts (a hostile executor failed any task it could
+    claim with one such failure, or three dropped leases). A vouched executor's word still fails it."""
+    conn, task_id, (a, b, _c) = await _cluster(database_url, share=0.0, subtasks=1)
+    await conn.execute("SET minions.trust_agreements = '1'")
+    fail = "SELECT minion_fail($1, 'refused', false)"
+    for _ in range(5):  # one owner, five tries: one attempt spent
+        [lease] = await _claim(conn, a)
+        assert await conn.fetchval(fail, lease["lease_token"]) == "ok"
+        assert await conn.fetchval(STATE, task_id, 0) == "pending"
+    assert await conn.fetchval("SELECT attempts FROM subtasks WHERE task_id = $1", task_id) == 1
+    [lease] = await _claim(conn, b)  # another owner: its first counts too
+    assert await conn.fetchval("SELECT minion_end_lease($1, 'lost', 'dropped', true, true)",
+                               lease["lease_token"]) == "ok"
+    assert await conn.fetchval("SELECT attempts FROM subtasks WHERE task_id = $1", task_id) == 2
+    await _vouch(conn, a)  # an admin vouches for a: its word fails the subtask for good
+    [lease] = await _claim(conn, a)
+    assert await conn.fetchval(fail, lease["lease_token"]) == "ok"
+    assert await conn.fetchval(STATE, task_id, 0) == "failed"
+    # Checks off (trust at once): every executor's failure is taken at its word, as before.
+    await conn.execute("SET minions.trust_agreements = '0'")
+    other = await make_task(conn, subtasks=1)
+    [lease] = await _claim(conn, b)
+    assert lease["task_id"] == other
+    assert await conn.fetchval(fail, lease["lease_token"]) == "ok"
+    assert await conn.fetchval(STATE, other, 0) == "failed"
+    await conn.close()

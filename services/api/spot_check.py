@@ -12,23 +12,14 @@ from minions.config import Settings
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.result_agreement import outputs_agree
+from minions.spot_check_settings import spot_check_session
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
 log = get_logger(__name__)
+__all__ = ["spot_check_session"]  # the API's sessions carry them (minions/spot_check_settings.py)
 # Outputs up to this size (both together) are compared on the event loop; larger ones in a thread.
 COMPARE_ON_LOOP = 64 * 1024
-
-
-def spot_check_session(settings: Settings) -> dict[str, str]:
-    """The session settings the claim and the votes read (sql/schema/11_checks.sql's minion_trust_setting)."""
-    return {"minions.spot_check_share": repr(float(settings.spot_check_share)),
-            "minions.trust_agreements": str(int(settings.trust_agreements)),
-            "minions.quarantine_after": str(int(settings.quarantine_after)),
-            # 'team=share,...' without blanks ('' : none)
-            "minions.spot_check_team_shares": ",".join(
-                "=".join(part.strip() for part in item.split("=", 1))
-                for item in settings.spot_check_team_shares.split(",") if item.strip())}
 
 
 async def held_bytes(store: ObjectStore, row: Any) -> bytes:

@@ -29,6 +29,7 @@ from minions.logging import get_logger
 from minions.result_parts import compact_completed
 from minions.retention import run_retention
 from minions.services.watchdog.deadlines import Deadlines
+from minions.spot_check_settings import spot_check_session
 from minions.store.base import StoreError
 from minions.store_gc import GcReport, collect_garbage, connected_store
 
@@ -167,7 +168,8 @@ class Watchdog:
         reconnecting = False
         while not self._stopping.is_set():
             try:
-                conn = await connect(self.settings.database_url)
+                # The spot-check settings: ending a volunteer's attempt reads them (sql/schema/06_leases.sql).
+                conn = await connect(self.settings.database_url, server_settings=spot_check_session(self.settings))
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 delay = backoff.next_delay()
                 log.warning("database_unreachable", error=str(exc), retry_in_s=round(delay, 2))

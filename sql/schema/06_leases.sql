@@ -127,13 +127,29 @@ SELECT a.ended_at,
 -- Ends the current attempt of a leased subtask (locked by the caller): history, referee row,
 -- then back to pending or failed for good. p_counts: whether the attempt counts towards
 -- max_attempts (a release does not).
+--
+-- A volunteer's word alone never fails a subtask for good while checks are on
+-- (minions.trust_agreements > 0): its non-retryable failure is retried, and of one owner's failed or
+-- lost attempts of a subtask only the first counts towards max_attempts. One hostile executor failed
+-- any task it could claim with one non-retryable failure, or with three leases it dropped from its
+-- heartbeats; now it takes as many owners as max_attempts (or a vouched executor's word).
 CREATE FUNCTION minion_end_attempt(s subtasks, p_outcome text, p_error text, p_counts boolean,
                                    p_retry boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     max_att integer;
     backup subtask_backups%ROWTYPE;
+    counts boolean := p_counts;
+    retry boolean := p_retry;
 BEGIN
+    IF (counts OR NOT retry) AND p_outcome IN ('failed', 'lost') AND minion_trust_setting('trust_agreements', 0) > 0
+       AND NOT minion_executor_vouched(s.lease_executor) THEN
+        retry := true;
+        counts := counts AND NOT EXISTS (
+            SELECT 1 FROM subtask_attempts a
+             WHERE a.task_id = s.task_id AND a.subtask_id = s.subtask_id AND a.outcome IN ('failed', 'lost')
+               AND minion_executor_owner(a.executor_id) = minion_executor_owner(s.lease_executor));
+    END IF;
     INSERT INTO subtask_attempts (task_id, subtask_id, attempt, executor_id, lease_token, started_at,
                                   outcome, error)
     VALUES (s.task_id, s.subtask_id, s.attempts, s.lease_executor, s.lease_token, s.leased_at,
@@ -155,10 +171,10 @@ BEGIN
     DELETE FROM minion_subtask_acquirement WHERE lease_token = s.lease_token;
     SELECT max_attempts INTO max_att FROM tasks WHERE id = s.task_id;
 
-    IF p_retry AND (NOT p_counts OR s.attempts < max_att) THEN
+    IF retry AND (NOT counts OR s.attempts < max_att) THEN
         UPDATE subtasks
            SET state = 'pending', lease_token = NULL, lease_executor = NULL, leased_at = NULL,
-               attempts = attempts - (NOT p_counts)::int,
+               attempts = attempts - (NOT counts)::int,
                last_error = coalesce(p_error, last_error)
          WHERE task_id = s.task_id AND subtask_id = s.subtask_id;
     ELSE
