@@ -3,7 +3,9 @@
 Matches sentence-transformers' `encode(normalize_embeddings=True)` for mean-pooling models, and is
 faster than a plain loop because texts are sorted by length (batches carry little padding), the
 model runs in the fastest precision that keeps its vectors (precision.py) and batches are as large
-as still pays on this device (batch_sizing.py); both are chosen once, when the model loads.
+as still pays on this device (batch_sizing.py); both are chosen once, when the model loads. Texts
+become the model's input arrays off the device's critical path (token_batches.py): the Rust
+tokenizer straight into numpy arrays, the next batch encoded while the device runs the current one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from minions.agents.macos.runners.base import (
     string_field,
 )
 from minions.agents.macos.runners.model_identity import ModelIdentities
+from minions.agents.macos.runners.token_batches import TokenBatcher, TokenPipeline, to_device
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.kinds import PARAMS
 from minions.logging import get_logger
@@ -48,11 +51,12 @@ class EmbeddingParams:
 @dataclass
 class _Loaded:
     name: str
-    tokenizer: Any
+    tokens: TokenBatcher  # texts to the input arrays the model's forward accepts
     precise: precision.Precise  # the model in the precision chosen for it
     inputs: frozenset[str]  # the tokenizer outputs the model's forward accepts
     choice: precision.Choice
     batch_size: int
+    pipeline: TokenPipeline  # the next batch tokenized while the device runs this one
 
 
 class EmbeddingRunner:
@@ -79,7 +83,11 @@ class EmbeddingRunner:
 
     def unload(self) -> None:
         """Drop the loaded model (backend_choice.py, when MLX serves it instead). Blocking."""
+        self._drop_loaded()
+
+    def _drop_loaded(self) -> None:
         if self._loaded is not None:
+            self._loaded.pipeline.shutdown()
             self._loaded = None
             torch_setup.free_memory(self._settings.device)
 
@@ -114,6 +122,8 @@ class EmbeddingRunner:
         return [model_paths.MINILM] if model_paths.bundled_minilm_available() else []
 
     async def aclose(self) -> None:
+        if self._loaded is not None:
+            self._loaded.pipeline.shutdown()
         self._thread.shutdown()
 
     def encode(
@@ -139,35 +149,37 @@ class EmbeddingRunner:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
         vectors: Any = None
         tokens = [0] * len(texts)
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        groups = [[texts[i] for i in batch] for batch in batches]
         with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
+            for batch, arrays in zip(batches, loaded.pipeline.batches(groups, params.max_length), strict=True):
                 check_stop(stop)
-                batch = order[start : start + batch_size]
-                pooled, counts = self._embed_batch(torch, loaded, [texts[i] for i in batch], params)
+                pooled = self._embed_arrays(torch, loaded.precise, loaded.inputs, arrays, params)
                 if vectors is None:
                     vectors = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
                 vectors[batch] = pooled.numpy()
-                for i, n in zip(batch, counts.tolist(), strict=True):
+                for i, n in zip(batch, arrays["attention_mask"].sum(axis=1).tolist(), strict=True):
                     tokens[i] = n
         return (vectors if vectors is not None else np.empty((0, 0), dtype=np.float32)), tokens
-
-    def _embed_batch(self, torch: Any, loaded: _Loaded, texts: list[str], params: EmbeddingParams) -> tuple[Any, Any]:
-        return self._embed_with(torch, loaded.tokenizer, loaded.precise, loaded.inputs, texts, params)
 
     def _embed_with(
         self,
         torch: Any,
-        tokenizer: Any,
+        tokens: TokenBatcher,
         precise: precision.Precise,
         accepted: frozenset[str],
         texts: list[str],
         params: EmbeddingParams,
-    ) -> tuple[Any, Any]:
-        """Normalised (or not) pooled vectors of `texts`, fp32 on the CPU, and each text's token count."""
-        encoded = tokenizer(texts, padding=True, truncation=True, max_length=params.max_length, return_tensors="pt")
-        inputs = {k: v.to(self._settings.device) for k, v in encoded.items() if k in accepted}
+    ) -> Any:
+        """Normalised (or not) pooled vectors of `texts`, fp32 on the CPU (the probes' path)."""
+        return self._embed_arrays(torch, precise, accepted, tokens.encode(texts, params.max_length), params)
+
+    def _embed_arrays(self, torch: Any, precise: precision.Precise, accepted: frozenset[str],
+                      arrays: dict[str, Any], params: EmbeddingParams) -> Any:
+        """Normalised (or not) pooled vectors of one batch's input arrays, fp32 on the CPU."""
+        inputs = to_device(torch, arrays, self._settings.device)
         with precise.context():
-            output = precise.model(**inputs)[0]
+            output = precise.model(**{k: v for k, v in inputs.items() if k in accepted})[0]
         hidden = output.float()  # pool in fp32 whatever precision the model runs in
         if params.pooling == "cls":
             pooled = hidden[:, 0]
@@ -176,25 +188,24 @@ class EmbeddingRunner:
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         if params.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.cpu(), encoded["attention_mask"].sum(dim=1)
+        return pooled.cpu()
 
     def _load(self, name: str, stop: threading.Event | None = None) -> _Loaded:
         if self._loaded is not None and self._loaded.name == name:
             return self._loaded
-        if self._loaded is not None:
-            self._loaded = None
-            torch_setup.free_memory(self._settings.device)
+        self._drop_loaded()
         torch = torch_setup.prepare(self._settings)
         settings = self._settings
         # fp32 first: the reference every faster precision is measured against.
         tokenizer, model = torch_setup.load_pretrained(name, "AutoModel", "embedding", settings.device, "fp32")
         self._identities.loaded(name, model)  # what it loaded, before serving anything from it
         accepted = frozenset(inspect.signature(model.forward).parameters)
+        tokens = TokenBatcher(tokenizer, accepted)
         probe = EmbeddingParams()
 
         def embed(precise: precision.Precise, texts: list[str]) -> Any:
             with torch.inference_mode():
-                return self._embed_with(torch, tokenizer, precise, accepted, texts, probe)[0]
+                return self._embed_with(torch, tokens, precise, accepted, texts, probe)
 
         def stopped() -> None:
             check_stop(stop)
@@ -211,5 +222,5 @@ class EmbeddingRunner:
         )
         self._choices[name] = choice
         self._batch_sizes[name] = sizing.batch_size
-        self._loaded = _Loaded(name, tokenizer, precise, accepted, choice, sizing.batch_size)
+        self._loaded = _Loaded(name, tokens, precise, accepted, choice, sizing.batch_size, TokenPipeline(tokens))
         return self._loaded
