@@ -242,6 +242,8 @@ async def test_auto_precision_and_batch_size_are_chosen_at_load(native_bf16: str
     else:
         assert set(choice.measured) == {"fp32", "bf16-autocast", "bf16-weights"}
         assert all(figures["rounds"] >= 7 for figures in choice.measured.values())
+        # Timed at the working batch (or the largest measured size that runs in a quarter second).
+        assert 1 <= reported["timed_batch"] <= auto._loaded.batch_size
         assert choice.weights in ("fp32", "autocast", "bf16")
         kept = choice.variant
         for name, figures in choice.measured.items():  # nothing that passed the gate clearly was faster
@@ -389,3 +391,17 @@ def test_out_of_memory_keeps_the_fastest_size_that_ran() -> None:
     timed = _Timed({8: [0.08], 16: [0.1], 32: [0.15]}, oom_at=64)
     sizing = batch_sizing.choose(None, "cpu", timed.embed, 0.5, clock=timed.clock)
     assert (sizing.batch_size, sizing.why) == (32, "out of memory at 64")
+
+
+def test_precisions_are_timed_at_the_working_batch_or_the_largest_quick_one() -> None:
+    """At the batch size chosen when a run of it takes a quarter second or less (a GPU's 512); else
+    the largest size measured that does (a CPU's 256 can take seconds: seven rounds of three variants)."""
+    from minions.agents.macos.runners import batch_sizing
+
+    gpu = batch_sizing.Sizing(512, {32: 3000.0, 64: 6000.0, 128: 9000.0, 256: 12000.0, 512: 13000.0}, "")
+    assert batch_sizing.timing_size(gpu) == 512
+    cpu = batch_sizing.Sizing(64, {8: 100.0, 16: 110.0, 32: 115.0, 64: 120.0}, "")
+    assert batch_sizing.timing_size(cpu) == 16  # 16 / 110 s <= 0.25 s; 32 / 115 s is not
+    slow = batch_sizing.Sizing(8, {8: 10.0}, "")
+    assert batch_sizing.timing_size(slow) == 8  # nothing quick: the smallest measured
+    assert batch_sizing.timing_size(batch_sizing.Sizing(8, {}, "")) == 8

@@ -127,3 +127,17 @@ def choose(
     per_size = {str(size): rate for size, rate in rates.items()}
     log.info("embedding_batch_size_chosen", device=device, batch_size=best, rates=per_size, why=why)
     return Sizing(best, rates, why)
+
+
+# A precision probe's timed run at most this long: the variants are timed several rounds each at load.
+TIMING_RUN_S = 0.25
+
+
+def timing_size(sizing: Sizing) -> int:
+    """The batch size to time precisions at: the one chosen, or the largest size measured whose run
+    took at most TIMING_RUN_S (a CPU's chosen batch can take seconds, and the probe times each
+    variant at least seven times); at least 1."""
+    fitting = [size for size, rate in sizing.rates.items() if rate > 0 and size / rate <= TIMING_RUN_S]
+    if sizing.batch_size in fitting or not sizing.rates:
+        return sizing.batch_size
+    return max(fitting, default=min(sizing.rates))

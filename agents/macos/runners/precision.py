@@ -197,6 +197,7 @@ class Choice:
     setting: str  # auto, or the precision forced by --precision
     measured: dict[str, dict[str, float]] = field(default_factory=dict)  # per variant name: cosine, ms...
     weights: str = "fp32"  # how the weights are held (one of WEIGHTS)
+    timed_batch: int | None = None  # the batch size the variants were timed at (None: not timed)
 
     @property
     def variant(self) -> str:
@@ -211,6 +212,7 @@ class Choice:
             "weights": self.weights,
             "cosine": round(self.cosine, 7),
             "setting": self.setting,
+            **({"timed_batch": self.timed_batch} if self.timed_batch is not None else {}),
         }
 
 
@@ -226,11 +228,15 @@ def choose(
     setting: str = "auto",
     min_cosine: float = DEFAULT_MIN_COSINE,
     stop: Callable[[], None] | None = None,
+    timing_texts: list[str] | None = None,
 ) -> tuple[Precise, Choice]:
     """Probe and choose (see the module's docstring). `setting` other than auto forces that
     precision (the faster of its variants on this device where it has two); its cosine is still
-    measured and logged."""
+    measured and logged. The cosine gate is read on the probe texts; the variants are timed on
+    `timing_texts` when given (a batch of the size the runner will use: a GPU's gain from fp16 at
+    batch 512 is not its gain at a probe of a dozen texts), else on the probe texts."""
     texts = list(PROBE_TEXTS)
+    timed = timing_texts or texts
     fp32 = apply(torch, model, device, FP32)
     reference = embed(fp32, texts)
     if setting == "fp32":
@@ -252,8 +258,9 @@ def choose(
             stop()
         precise = variants[variant.name] = apply(torch, model, device, variant)
         measured[variant.name] = {"cosine": min_row_cosine(torch, embed(precise, texts), reference)}
+    timed_batch = len(timed) if len(variants) > 1 else None
     if len(variants) > 1:
-        timings = time_alternating({name: functools.partial(embed, p, texts) for name, p in variants.items()}, stop)
+        timings = time_alternating({name: functools.partial(embed, p, timed) for name, p in variants.items()}, stop)
         for name, figures in summarize(timings).items():
             measured[name].update(figures)
     if setting != "auto":
@@ -268,7 +275,7 @@ def choose(
     chosen = variants[best]
     variants.clear()  # the losers' cast copies go now, not when the caller drops the choice
     choice = Choice(model_name, device, chosen.precision, measured[best]["cosine"], setting, measured,
-                    chosen.weights)
+                    chosen.weights, timed_batch)
     _log(choice, why)
     return chosen, choice
 
