@@ -48,7 +48,9 @@ bench: install
 	$(PY) bench/pace.py
 	$(PY) bench/claim.py
 	$(PY) bench/claim.py --fair-share --clients 1,8 --runs 5 --seconds 3
-	$(PY) bench/embed_agent.py
+	# the plain arms tuned up to batch 256 here (a CPU; 1024, the default, on a GPU)
+	$(PY) bench/embed_agent.py --tuned-sizes 32,64,128,256
+	$(PY) bench/agent_overhead.py
 	$(PY) bench/complete_agent.py
 	# torch against MLX per model (on Linux MLX's CPU build: parity, not speed; see BENCHMARKS.md)
 	$(PY) bench/backends.py --rounds 3

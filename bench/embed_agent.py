@@ -13,7 +13,10 @@ the rounds:
 - st-bf16: the same after `model.to(torch.bfloat16)` (fp16 on MPS): the one-line cast.
 
 The plain arms use sentence-transformers' default batch size (32) unless --st-batch-size says
-otherwise. Printed: sentences/s per arm (median, and every round), the ratio agent / fastest plain
+otherwise. Each also has a tuned twin (`<arm>@best`, unless --no-tuned): in every round it runs at
+batch sizes 32, 64, ... up to 1024 (--tuned-sizes), stopping once two sizes in a row bring nothing,
+and counts its best; so the agent is compared with a script a user tuned, not only a default one.
+Printed: sentences/s per arm (median, and every round), the ratio agent / fastest plain
 arm (target >= 1.0), and each arm's minimum and mean cosine to st-fp32 over all the sentences.
 
     python bench/embed_agent.py [--sentences 2000] [--rounds 5] [--threads 2] [--device cpu]
@@ -94,6 +97,46 @@ def plain_arms(model: str, device: str, texts: list[str], batch_size: int) -> di
     return {"st-fp32": lambda: encode(fp32), "st-autocast": under_autocast, "st-bf16": lambda: encode(cast)}
 
 
+def tuned_arms(model: str, device: str, texts: list[str]) -> dict[str, Callable[[int], Any]]:
+    """The plain scripts, each taking the batch size to run at (the tuned twins)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    half = torch.float16 if device == "mps" else torch.bfloat16
+    path = model_paths.resolve(model)
+    fp32 = SentenceTransformer(path, device=device)
+    cast = SentenceTransformer(path, device=device).to(half)
+
+    def encode(st: Any, size: int) -> Any:
+        return st.encode(texts, batch_size=size, normalize_embeddings=True, convert_to_numpy=True)
+
+    def under_autocast(size: int) -> Any:
+        with torch.autocast(device_type=device, dtype=half):
+            return encode(fp32, size)
+
+    return {"st-fp32@best": lambda size: encode(fp32, size), "st-autocast@best": under_autocast,
+            "st-bf16@best": lambda size: encode(cast, size)}
+
+
+def best_rate(run: Callable[[int], Any], sizes: list[int], n: int, sync: Callable[[], None]) -> tuple[float, int]:
+    """The best sentences/s of `run` over `sizes` (in order), stopping after two sizes in a row without
+    a gain; and the size it came at."""
+    best, best_size, flat = 0.0, sizes[0], 0
+    for size in sizes:
+        sync()
+        started = time.perf_counter()
+        run(size)
+        sync()
+        rate = n / (time.perf_counter() - started)
+        if rate > best:
+            best, best_size, flat = rate, size, 0
+        else:
+            flat += 1
+            if flat >= 2:
+                break
+    return best, best_size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=2000)
@@ -104,6 +147,9 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=PRECISION_SETTINGS, help="the agent's (default auto)")
     parser.add_argument("--agent-batch-size", type=int, default=None, help="default: the agent's choice")
     parser.add_argument("--st-batch-size", type=int, default=32, help="plain arms (ST default 32)")
+    parser.add_argument("--tuned-sizes", default="32,64,128,256,512,1024",
+                        help="the batch sizes the tuned twins try, in order")
+    parser.add_argument("--no-tuned", dest="tuned", action="store_false", help="without the tuned twins")
     args = parser.parse_args()
 
     import numpy as np
@@ -121,18 +167,31 @@ def main() -> None:
 
     arms: dict[str, Callable[[], Any]] = {"agent": run_agent, **plain_arms(args.model, args.device, texts,
                                                                            args.st_batch_size)}
+    tuned = tuned_arms(args.model, args.device, texts) if args.tuned else {}
+    sizes = [int(x) for x in args.tuned_sizes.split(",")]
     vectors = {name: np.asarray(fn(), dtype=np.float32) for name, fn in arms.items()}  # warm-up, and the vectors
-    rates: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
+    for name, run in tuned.items():
+        vectors[name] = np.asarray(run(sizes[0]), dtype=np.float32)
+    rates: dict[str, list[float]] = {name: [] for name in [*arms, *tuned]}
+    best_sizes: dict[str, list[int]] = {name: [] for name in tuned}
+    names = [*arms, *tuned]
+
+    def sync() -> None:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
     for round_no in range(args.rounds):
         shift = round_no % len(names)
         for name in names[shift:] + names[:shift]:  # rotate who goes first
-            if args.device == "cuda":
-                torch.cuda.synchronize()
+            if name in tuned:
+                rate, size = best_rate(tuned[name], sizes, len(texts), sync)
+                rates[name].append(rate)
+                best_sizes[name].append(size)
+                continue
+            sync()
             started = time.perf_counter()
             arms[name]()
-            if args.device == "cuda":
-                torch.cuda.synchronize()
+            sync()
             rates[name].append(len(texts) / (time.perf_counter() - started))
     loop.run_until_complete(runner.aclose())
     loop.close()
@@ -156,11 +215,13 @@ def main() -> None:
     )
     for name in names:
         low, mean = cosines[name]
-        print(f"  {name:12s} {median[name]:8.1f} sentences/s   cosine to st-fp32 min {low:.6f} mean {mean:.7f}"
-              f"   (rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
+        at = f"   (best batch per round: {best_sizes[name]})" if name in best_sizes else ""
+        print(f"  {name:17s} {median[name]:8.1f} sentences/s   cosine to st-fp32 min {low:.6f} mean {mean:.7f}"
+              f"   (rounds: {', '.join(f'{r:.0f}' for r in rates[name])}){at}")
     print(f"  agent / fastest plain ({fastest}) = {ratio:.3f}")
+    batch = "its best batch" if fastest in best_sizes else f"batch {args.st_batch_size}"
     limits.report(limits.Ratio("bench/embed_agent.py", f"{len(texts)} sentences, device {args.device}, the agent's "
-                               "runner", f"the fastest plain script ({fastest}, batch {args.st_batch_size})", ratio,
+                               "runner", f"the fastest plain script ({fastest}, {batch})", ratio,
                                1.0, at_least=True, machine=machine.describe()))
     print(json.dumps({
         "median_sentences_per_s": {k: round(v, 1) for k, v in median.items()},
@@ -169,6 +230,7 @@ def main() -> None:
         "precision": choice.precision,
         "weights": choice.weights,
         "agent_batch_size": agent_batch,
+        "tuned_best_batch_sizes": best_sizes,
         "min_cosine_to_st_fp32": {k: round(v[0], 7) for k, v in cosines.items()},
     }))
 

@@ -2,10 +2,12 @@
 target: with one agent, >= 0.9x the runner's speed from bench/embed_agent.py).
 
     python bench/embed_system.py [--sentences 2000] [--rounds 3] [--threads 2] [--subtask-size 500]
+                                 [--device cpu|cuda|mps]
 
 One embedded PostgreSQL, the real services (API, splitter, watchdog as processes, local-folder
 store) and ONE real agent process (`python -m minions.agents.macos --kind embedding`, pipelined,
-batched claims) with `--threads` torch threads. Arms, alternating within each round (this machine is
+batched claims) with `--threads` torch threads, on `--device` (the runner arm on the same device).
+Arms, alternating within each round (this machine is
 shared and noisy, so only side-by-side numbers compare), each figure the median of the rounds:
 
   runner  the agent's EmbeddingRunner in this process (as bench/embed_agent.py's "agent" arm runs
@@ -92,7 +94,7 @@ async def run(args: argparse.Namespace, server: EmbeddedPostgres) -> dict[str, l
     torch.set_num_threads(args.threads)
     texts = sentences(args.sentences)
     records = [{"id": i, "text": t} for i, t in enumerate(texts)]
-    runner = EmbeddingRunner(TorchSettings(device="cpu", threads=args.threads, precision="auto"))
+    runner = EmbeddingRunner(TorchSettings(device=args.device, threads=args.threads, precision="auto"))
     sub = agent_subtask(MODEL, len(records), None)
     reference = [v["embedding"] for v in await runner.run(sub, records)]  # warm: model loaded
 
@@ -101,7 +103,7 @@ async def run(args: argparse.Namespace, server: EmbeddedPostgres) -> dict[str, l
     rates: dict[str, list[float]] = {"runner": [], "system": []}
     async with running_services(server.url, args) as (services, admin_token, executor_token):
         fleet = AgentFleet(services, executor_token)
-        fleet.start("embedder", "--threads", str(args.threads), kinds=("embedding",))
+        fleet.start("embedder", "--threads", str(args.threads), "--device", args.device, kinds=("embedding",))
         try:
             deadline = time.monotonic() + 180
             while not await conn.fetchval("SELECT count(*) FROM executors WHERE name = 'embedder'"):
@@ -142,12 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads, the runner's and the agent's")
     p.add_argument("--subtask-size", type=int, default=500, help="records per subtask (the embedding kind's default)")
     p.add_argument("--api-workers", type=int, default=1, help="`minions api --workers` (one agent needs one)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                   help="the runner's and the agent's torch device (the runner arm was hard-wired to cpu)")
     args = p.parse_args(argv)
     with scratch_postgres("minions-bench-embed-") as (server, root):
         args.workdir = str(root)
         rates = asyncio.run(run(args, server))
     median = {arm: statistics.median(v) for arm, v in rates.items()}
-    print(f"\n{args.sentences} sentences, {args.threads} torch threads, subtasks of {args.subtask_size}, "
+    print(f"\n{args.sentences} sentences on {args.device}, {args.threads} torch threads, "
+          f"subtasks of {args.subtask_size}, "
           f"median of {args.rounds} alternating rounds")
     print("| arm | sentences/s (median) | rounds |\n|---|---:|---|")
     for arm, values in rates.items():
