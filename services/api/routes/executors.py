@@ -222,7 +222,7 @@ async def claim(request: web.Request) -> web.Response:
     # Without `max`, the first protocol's single lease; with it, a LeaseBatch of up to that many.
     batched = bool(request.query.get("max"))
     # params=once: each task's params once per answer (params_from), not once per lease.
-    sharing = request.query.get("params", "each")
+    sharing = request.query.get("params") or "each"  # empty reads as absent, as for every query parameter
     if sharing not in ("each", "once"):
         raise invalid({"params": "each or once"})
     most = min(query_int(request, "max", 1, 1, protocol.MAX_NUMBER), settings.max_claim)
