@@ -92,6 +92,8 @@ async def test_a_hanger_cannot_hold_a_task_and_a_trusted_task_never_reaches_a_vo
                 for agent in c.fleet.agents:
                     agent.process.send_signal(signal.SIGSTOP)
                 try:
+                    # A stopped agent's long poll already in the API would still be served: let them end.
+                    await asyncio.sleep(c.services.long_poll_s + 1)
                     await c.submit("hung", "sleep", [{"id": i, "ms": 50} for i in range(8)], subtask_size=1)
 
                     async def holds() -> bool:

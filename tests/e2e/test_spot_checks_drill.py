@@ -365,6 +365,8 @@ async def test_a_made_up_fingerprint_neither_pins_nor_commits(database_url: str,
             for agent in c.fleet.agents:
                 agent.process.send_signal(signal.SIGSTOP)
             try:
+                # A stopped agent's long poll already in the API would still be served: let them end.
+                await asyncio.sleep(c.services.long_poll_s + 1)
                 await c.submit("made-up", "embedding", records, model=MINILM, subtask_size=2)
 
                 async def took_some() -> bool:
