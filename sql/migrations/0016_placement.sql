@@ -6,41 +6,6 @@ ALTER TABLE tasks ADD COLUMN placement text NOT NULL DEFAULT 'any' CHECK (placem
 
 DROP FUNCTION minion_submit_task(text, text, text, text, text, jsonb, integer, integer, integer, text, text, bigint,
                                  bigint[], bigint[], bigint[], integer[], bytea, bigint);
-DROP FUNCTION minion_submit_task(text, text, text, text, text, jsonb, integer, integer, integer, text, text, bigint,
-                                 bigint[], bigint[], bigint[], integer[]);
-
-CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text,
-    p_model text, p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer,
-    p_input_uri text, p_request_hash text, p_created_by bigint,
-    p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
-    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL, p_placement text DEFAULT 'any')
-RETURNS SETOF tasks LANGUAGE plpgsql AS $$
-DECLARE
-    n integer := coalesce(cardinality(p_byte_starts), 0);
-    tid bigint;
-BEGIN
-    INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by, placement,
-                       status, split_done, open_subtasks, subtasks_total, split_offset, split_records)
-    VALUES (p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
-            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by, p_placement,
-            CASE WHEN n > 0 THEN 'queued' ELSE 'submitted' END, n > 0, n, n,
-            CASE WHEN n > 0 THEN p_byte_ends[n] ELSE 0 END,
-            CASE WHEN n > 0 THEN (SELECT sum(r) FROM unnest(p_records) AS r) ELSE 0 END)
-    ON CONFLICT (team, project, name) DO NOTHING
-    RETURNING id INTO tid;
-    IF tid IS NULL THEN
-        RETURN;
-    END IF;
-    IF n > 0 THEN
-        INSERT INTO subtasks (task_id, subtask_id, team, project, task_name, capability, priority,
-                              byte_start, byte_end, first_record, records)
-        SELECT tid, i - 1, p_team, p_project, p_name, minion_capability(p_kind, p_model), p_priority,
-               p_byte_starts[i], p_byte_ends[i], p_first_records[i], p_records[i]
-          FROM generate_subscripts(p_byte_starts, 1) AS i;
-    END IF;
-    RETURN QUERY SELECT * FROM tasks WHERE id = tid;
-END $$;
 
 CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
     p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
@@ -59,10 +24,12 @@ BEGIN
     END IF;
     SELECT * INTO t FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority,
                                             p_subtask_size, p_max_attempts, p_input_uri, p_request_hash,
-                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records,
-                                            p_placement);
+                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records);
     IF NOT FOUND THEN
         RETURN;  -- the name is taken: answered as a re-submission, quota or not
+    END IF;
+    IF p_placement <> 'any' THEN  -- in this transaction: no claim can see the task before it is placed
+        UPDATE tasks SET placement = p_placement WHERE id = t.id RETURNING * INTO t;
     END IF;
     IF p_input_data IS NOT NULL THEN
         -- Last, so the team's count is held locked for as little as can be.
@@ -99,7 +66,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
-                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                      AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -112,7 +79,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
-                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                      AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -221,7 +188,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
-                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                       AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                        AND NOT (s.team::text = ANY (p_excluded))
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
@@ -232,7 +199,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.team = p_team AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
-                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                       AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
         ELSE
@@ -322,7 +289,7 @@ BEGIN
                     OR (SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id)
                        = minion_executor_fingerprint(p_executor, s.capability))
                AND (minion_executor_vouched(p_executor)
-                    OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                    OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
         ), tails AS (
             -- Tasks with nothing left pending: the only ones whose stragglers hold up the end.
             SELECT DISTINCT l.task_id FROM leased l

@@ -210,17 +210,17 @@ CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_k
     p_model text, p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer,
     p_input_uri text, p_request_hash text, p_created_by bigint,
     p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
-    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL, p_placement text DEFAULT 'any')
+    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL)
 RETURNS SETOF tasks LANGUAGE plpgsql AS $$
 DECLARE
     n integer := coalesce(cardinality(p_byte_starts), 0);
     tid bigint;
 BEGIN
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by, placement,
+                       input_uri, request_hash, created_by,
                        status, split_done, open_subtasks, subtasks_total, split_offset, split_records)
     VALUES (p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
-            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by, p_placement,
+            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by,
             CASE WHEN n > 0 THEN 'queued' ELSE 'submitted' END, n > 0, n, n,
             CASE WHEN n > 0 THEN p_byte_ends[n] ELSE 0 END,
             CASE WHEN n > 0 THEN (SELECT sum(r) FROM unnest(p_records) AS r) ELSE 0 END)
@@ -244,7 +244,7 @@ END $$;
 -- p_input_data's ranges are given, and they end where its bytes do; the splitter never reads a kept
 -- input). p_input_quota: the team's quota of stored input bytes (MINIONS_TEAM_INPUT_QUOTA_BYTES, 0:
 -- none), which kept inputs count against like objects: a kept input past it raises 'quota_exceeded'
--- (SQLSTATE 53400), and nothing is committed.
+-- (SQLSTATE 53400), and nothing is committed. p_placement: who may lease it (tasks.placement).
 CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
     p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
     p_request_hash text, p_created_by bigint, p_byte_starts bigint[], p_byte_ends bigint[],
@@ -262,10 +262,12 @@ BEGIN
     END IF;
     SELECT * INTO t FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority,
                                             p_subtask_size, p_max_attempts, p_input_uri, p_request_hash,
-                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records,
-                                            p_placement);
+                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records);
     IF NOT FOUND THEN
         RETURN;  -- the name is taken: answered as a re-submission, quota or not
+    END IF;
+    IF p_placement <> 'any' THEN  -- in this transaction: no claim can see the task before it is placed
+        UPDATE tasks SET placement = p_placement WHERE id = t.id RETURNING * INTO t;
     END IF;
     IF p_input_data IS NOT NULL THEN
         -- Last, so the team's count is held locked for as little as can be.

@@ -441,7 +441,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
-                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                      AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -454,7 +454,7 @@ BEGIN
                     WHERE s.state = 'pending' AND s.team = p_team AND s.capability = c.cap
                       AND (c.fp IS NULL
                            OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), c.fp) = c.fp)
-                      AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                      AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                     ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT 1
                       FOR UPDATE SKIP LOCKED) q
              ORDER BY q.priority DESC, q.task_id, q.subtask_id LIMIT 1;
@@ -567,7 +567,7 @@ BEGIN
                     OR (SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id)
                        = minion_executor_fingerprint(p_executor, s.capability))
                AND (minion_executor_vouched(p_executor)
-                    OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                    OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
         ), tails AS (
             -- Tasks with nothing left pending: the only ones whose stragglers hold up the end.
             SELECT DISTINCT l.task_id FROM leased l
@@ -735,7 +735,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
-                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                       AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                        AND NOT (s.team::text = ANY (p_excluded))
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
@@ -746,7 +746,7 @@ BEGIN
               FROM (SELECT s.priority, s.task_id, s.subtask_id FROM subtasks s
                      WHERE s.state = 'pending' AND s.team = p_team AND s.capability = caps[1]
                        AND (fp IS NULL OR coalesce((SELECT k.fingerprint FROM tasks k WHERE k.id = s.task_id), fp) = fp)
-                       AND (vouched OR NOT EXISTS (SELECT 1 FROM tasks k WHERE k.id = s.task_id AND k.placement = 'trusted'))
+                       AND (vouched OR (SELECT k.placement FROM tasks k WHERE k.id = s.task_id) = 'any')
                      ORDER BY s.priority DESC, s.task_id, s.subtask_id LIMIT p_n - cardinality(toks)
                        FOR UPDATE SKIP LOCKED) q;
         ELSE
