@@ -216,7 +216,8 @@ class EmbeddingRunner:
 
         # The batch size first, in fp32 (the most memory a batch takes: a size that fits it fits every
         # faster variant), then the precision timed at that size: an H200 chose fp32 from a probe of a
-        # dozen texts ("fp16 1.016x") where, at batch 512, half precision is 1.2x fp32.
+        # dozen texts ("fp16 1.016x") where, at batch 512, half precision is 1.2x fp32. A faster
+        # precision chosen, the batch size is chosen again in it.
         fp32 = precision.apply(torch, model, settings.device, precision.FP32)
         sizing = batch_sizing.choose(
             torch, settings.device, functools.partial(embed, fp32), settings.mps_memory_fraction, stopped
@@ -229,6 +230,12 @@ class EmbeddingRunner:
         # (the probe's reference) goes with this name; autocast and fp32 keep using it.
         del model, fp32
         torch_setup.free_memory(settings.device)
+        if choice.precision != "fp32":
+            # Sized again in the precision it runs: a CPU's fp32 stops growing at 8 where bf16 runs
+            # fastest at 32-64 (the fp32 size cost bf16 a quarter of its speed).
+            sizing = batch_sizing.choose(
+                torch, settings.device, functools.partial(embed, precise), settings.mps_memory_fraction, stopped
+            )
         self._choices[name] = choice
         self._batch_sizes[name] = sizing.batch_size
         self._loaded = _Loaded(name, tokens, precise, accepted, choice, sizing.batch_size, TokenPipeline(tokens))
