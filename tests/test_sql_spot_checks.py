@@ -576,3 +576,31 @@ async def test_a_volunteer_alone_never_fails_a_subtask_for_good(database_url: st
     assert await conn.fetchval(fail, lease["lease_token"]) == "ok"
     assert await conn.fetchval(STATE, other, 0) == "failed"
     await conn.close()
+
+
+async def test_a_sweep_never_commits_one_groups_candidate_into_another(database_url: str) -> None:
+    """A lone volunteer's candidate marked overdue, then a dispute in the same sweep: the dispute runs
+    again (its own candidates), and nothing of the first is committed anywhere (the sweep once carried
+    the first group's candidate into the next and committed it into the disputed subtask)."""
+    conn, lone_task, (a, b, _c) = await _cluster(database_url, subtasks=1)
+    disputed_task = await make_task(conn, subtasks=1, priority=5)
+    [lone] = [r for r in await _claim(conn, a, 2) if r["task_id"] == lone_task] or [None]
+    leases = await conn.fetch("SELECT lease_token, task_id FROM subtasks WHERE state = 'leased'")
+    for lease in leases:
+        assert await conn.fetchval(COMPLETE, lease["lease_token"]) == "held"
+    [replica] = await _claim(conn, b)
+    assert replica["task_id"] == disputed_task  # the higher priority first
+    assert await conn.fetchval(VOTE, replica["lease_token"], None) == "disputed"
+    await conn.execute("UPDATE subtask_checks SET held_at = now() - interval '1 hour'")
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 2
+    assert await conn.fetchval(STATE, lone_task, 0) == "checking"
+    assert await conn.fetchval(STATE, disputed_task, 0) == "pending"
+    assert await conn.fetchval("SELECT count(*) FROM subtasks WHERE state = 'done'") == 0
+    assert lone is not None
+    # A dispute that comes to an overdue candidate waits its own wait, not the old one's.
+    [again] = await _claim(conn, b)
+    assert again["task_id"] == lone_task
+    assert await conn.fetchval(VOTE, again["lease_token"], None) == "disputed"
+    assert await conn.fetchval("SELECT minion_settle_stale_checks(600)") == 0
+    assert await conn.fetchval(STATE, lone_task, 0) == "checking"
+    await conn.close()

@@ -521,7 +521,7 @@ END $$;
 
 -- How long a subtask of p_records records of task p_task_id usually runs (wall time, lease to
 -- commit): the median per record over the task's latest 1,000 finished attempts, at least 3 of them;
--- else over those of its kind and model among the latest 5,000 attempts to end anywhere (a bounded
+-- else over those of its kind and model among the latest 1,000 attempts to end anywhere (a bounded
 -- look, whatever the history's size: a task's first stragglers and hangers are measured against its
 -- kind's pace, not waited on); NULL when neither has 3.
 CREATE FUNCTION minion_typical_run_s(p_task_id bigint, p_records integer) RETURNS double precision
@@ -539,10 +539,9 @@ BEGIN
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x.per), count(*) INTO per, n
           FROM (SELECT extract(epoch FROM a.ended_at - a.started_at) / greatest(coalesce(a.records, 1), 1) AS per
                   FROM (SELECT r.task_id, r.ended_at, r.started_at, r.records FROM subtask_attempts r
-                         WHERE r.outcome = 'done' ORDER BY r.ended_at DESC LIMIT 5000) a
+                         WHERE r.outcome = 'done' ORDER BY r.ended_at DESC LIMIT 1000) a
                   JOIN tasks k ON k.id = a.task_id
-                  JOIN tasks me ON me.id = p_task_id AND me.kind = k.kind AND me.model = k.model
-                 LIMIT 1000) x;
+                  JOIN tasks me ON me.id = p_task_id AND me.kind = k.kind AND me.model = k.model) x;
     END IF;
     RETURN CASE WHEN n >= 3 THEN per * greatest(p_records, 1) END;
 END $$;
@@ -594,14 +593,14 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- The age a lease (or a backup, or a replica) of kind p_kind, p_records records of task p_task_id,
--- may reach, heartbeats or not: p_factor times a typical run of its size (minion_typical_run_s), at
--- least p_floor_s, at most the kind's ceiling in p_ceilings ('kind=seconds,...'; '*' for the
--- others), which is also the age when nothing is measured yet.
-CREATE FUNCTION minion_lease_age_cap(p_task_id bigint, p_kind text, p_records integer, p_factor double precision,
-                                     p_floor_s double precision, p_ceilings text) RETURNS double precision
-LANGUAGE sql STABLE AS $$
-    SELECT least(c.ceiling, greatest(p_floor_s, coalesce(p_factor * minion_typical_run_s(p_task_id, p_records),
+-- The age a lease (or a backup, or a replica) of kind p_kind and p_records records may reach,
+-- heartbeats or not: p_factor times a typical run of its size (p_per_record_s: minion_typical_run_s
+-- of one record, read once per task), at least p_floor_s, at most the kind's ceiling in p_ceilings
+-- ('kind=seconds,...'; '*' for the others), which is also the age when nothing is measured yet.
+CREATE FUNCTION minion_lease_age_cap(p_per_record_s double precision, p_kind text, p_records integer,
+                                     p_factor double precision, p_floor_s double precision, p_ceilings text)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(c.ceiling, greatest(p_floor_s, coalesce(p_factor * p_per_record_s * greatest(p_records, 1),
                                                          c.ceiling)))
       FROM (SELECT coalesce(minion_pair_value(p_kind, p_ceilings),
                             minion_pair_value('*', p_ceilings), 3600) AS ceiling) c
@@ -621,8 +620,10 @@ DECLARE
     o record;
     n integer := 0;
     why text;
+    blamed uuid[] := '{}';
 BEGIN
-    -- Only what is older than the floor is looked at (few rows, by the leased_at index): a cap is never less.
+    -- Only what is older than the floor is looked at (few rows, by the leased_at index): a cap is never
+    -- less. A task's typical run is read once, whatever its leases.
     FOR o IN WITH held AS (
                  SELECT s.lease_token AS tok, s.lease_executor AS executor_id, s.leased_at, s.task_id, s.subtask_id,
                         s.records
@@ -632,9 +633,12 @@ BEGIN
                  SELECT b.lease_token, b.executor_id, b.leased_at, b.task_id, b.subtask_id, s.records
                    FROM subtask_backups b JOIN subtasks s ON s.task_id = b.task_id AND s.subtask_id = b.subtask_id
                   WHERE b.leased_at < now() - make_interval(secs => p_floor_s)
+             ), typical AS (
+                 SELECT t.id, t.kind, minion_typical_run_s(t.id, 1) AS per_record
+                   FROM tasks t WHERE t.id IN (SELECT DISTINCT task_id FROM held)
              )
-             SELECT h.*, c.cap FROM held h JOIN tasks t ON t.id = h.task_id
-             CROSS JOIN LATERAL (SELECT minion_lease_age_cap(h.task_id, t.kind, h.records, p_factor, p_floor_s,
+             SELECT h.*, c.cap FROM held h JOIN typical y ON y.id = h.task_id
+             CROSS JOIN LATERAL (SELECT minion_lease_age_cap(y.per_record, y.kind, h.records, p_factor, p_floor_s,
                                                              p_ceilings) AS cap) c
               WHERE h.leased_at < now() - make_interval(secs => least(c.cap, 1e9))
               ORDER BY h.task_id, h.subtask_id LOOP
@@ -643,16 +647,21 @@ BEGIN
             CONTINUE;  -- ended meanwhile
         END IF;
         n := n + 1;
-        CONTINUE WHEN minion_executor_vouched(o.executor_id);
-        PERFORM 1 FROM executors WHERE id = o.executor_id FOR UPDATE;
-        UPDATE executors SET disagreements = disagreements + 1, agreements = 0, trusted = false
-         WHERE id = o.executor_id;
+        IF NOT minion_executor_vouched(o.executor_id) THEN
+            blamed := blamed || o.executor_id;
+        END IF;
+    END LOOP;
+    -- The executors last, locked in id order: a vote locks its subtask, then its voters; locking one
+    -- here between two subtasks would be the other order.
+    PERFORM 1 FROM executors WHERE id = ANY (blamed) ORDER BY id FOR UPDATE;
+    FOR o IN SELECT x.id, count(*) AS times FROM unnest(blamed) AS x(id) GROUP BY x.id ORDER BY x.id LOOP
+        UPDATE executors SET disagreements = disagreements + o.times, agreements = 0, trusted = false
+         WHERE id = o.id;
         UPDATE executors
            SET quarantined_at = now(), quarantine_settled = false,
-               quarantine_reason = format('let %s leases or replicas pass their age cap or lost quorums (last: task %s, '
-                                          'subtask %s, %s)', disagreements, o.task_id, o.subtask_id, why)
-         WHERE id = o.executor_id AND quarantined_at IS NULL
-           AND disagreements >= p_quarantine_after;
+               quarantine_reason = format('let %s leases or replicas pass their age cap or lost quorums (last: %s)',
+                                          disagreements, why)
+         WHERE id = o.id AND quarantined_at IS NULL AND disagreements >= p_quarantine_after;
     END LOOP;
     RETURN n;
 END $$;
@@ -881,8 +890,9 @@ BEGIN
     RETURN n;
 END $$;
 
--- Open tasks pinned by a lease (not by `name@revision`) to a fingerprint that no executor online
--- within p_after_s reports (not quarantined), while work of theirs waits (pending or held for a
+-- Open tasks pinned by a lease (not by `name@revision`) to a fingerprint that no vouched executor
+-- online within p_after_s reports (not quarantined; a volunteer's report, made up or not, keeps no
+-- pin: none made it), while work of theirs waits (pending or held for a
 -- check): a pin whose machine went away would strand the task for ever beside executors of another
 -- build. The pin is released (the next vouched executor's lease pins the task again) and noted on the
 -- task (its `pin_released` warning: the results it keeps may come from another build than the rest),
@@ -900,6 +910,7 @@ BEGIN
                 AND EXISTS (SELECT 1 FROM subtasks s WHERE s.task_id = k.id AND s.state IN ('pending', 'checking'))
                 AND NOT EXISTS (SELECT 1 FROM executor_fingerprints f
                                   JOIN executors e ON e.id = f.executor_id
+                                  JOIN api_tokens a ON a.id = e.token_id AND a.trusted  -- only a vouched one pins
                                   JOIN heartbeats h ON h.executor_id = f.executor_id
                                  WHERE f.capability = minion_capability(k.kind, k.model)
                                    AND f.fingerprint = k.fingerprint AND e.quarantined_at IS NULL

@@ -532,10 +532,12 @@ DECLARE
     n integer := 0;
     note text := format('unchecked: no replica agreed or disagreed within %s s', p_wait_s);
 BEGIN
+    -- An overdue candidate's wait is over: a dispute it then gets waits its own (the newer result's).
     FOR k IN SELECT c.task_id, c.subtask_id FROM subtask_checks c
               GROUP BY c.task_id, c.subtask_id
-             HAVING min(c.held_at) < now() - make_interval(secs => p_wait_s) AND NOT bool_and(c.overdue)
+             HAVING min(c.held_at) FILTER (WHERE NOT c.overdue) < now() - make_interval(secs => p_wait_s)
               ORDER BY c.task_id, c.subtask_id LOOP
+        w := NULL;  -- this group's lone candidate, if it has one (never the last group's)
         SELECT * INTO s FROM subtasks
          WHERE task_id = k.task_id AND subtask_id = k.subtask_id AND state = 'checking' FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -559,7 +561,6 @@ BEGIN
             PERFORM minion_recheck_subtask(s, format('two results disagreed and no third came within %s s',
                                                      p_wait_s));
         END IF;
-        w := NULL;
         n := n + 1;
     END LOOP;
     RETURN n;
@@ -618,7 +619,7 @@ BEGIN
                                      OR (NOT minion_executor_vouched(e.id)
                                          AND NOT EXISTS (SELECT 1 FROM subtask_attempts v
                                                           WHERE v.task_id = s.task_id AND v.subtask_id = s.subtask_id
-                                                            AND v.outcome = 'agreed'
+                                                            AND v.attempt = a.attempt AND v.outcome = 'agreed'
                                                             AND minion_executor_vouched(v.executor_id))))));
     subtasks := picked.n;
     IF subtasks = 0 THEN
