@@ -39,8 +39,8 @@ from minions.services.api.routes import openapi as openapi_routes
 from minions.services.api.routes import store as store_routes
 from minions.services.api.routes import web as web_ui
 from minions.services.api.slow_clients import ClientLimits, body_deadline
-from minions.services.api.spot_check import spot_check_session
 from minions.services.api.url_signing import signing_store
+from minions.spot_check_settings import spot_check_session
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
 

@@ -12,12 +12,10 @@ from minions.config import Settings
 from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.result_agreement import outputs_agree
-from minions.spot_check_settings import spot_check_session
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 
 Q = Queries("api")
 log = get_logger(__name__)
-__all__ = ["spot_check_session"]  # the API's sessions carry them (minions/spot_check_settings.py)
 # Outputs up to this size (both together) are compared on the event loop; larger ones in a thread.
 COMPARE_ON_LOOP = 64 * 1024
 

@@ -27,7 +27,7 @@ import pytest
 from minions import jsoncodec
 from minions.config import ConfigError, Settings
 from minions.db.connect import connect
-from minions.services.api.spot_check import spot_check_session
+from minions.spot_check_settings import spot_check_session
 from minions.testing.factories import make_token
 from tests.support.api import ApiHarness, running_api
 
