@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 	if [ "$$(uname -s)" = Linux ]; then $(PY) -m pip install --quiet 'mlx[cpu]'; fi
 	touch $(STAMP)
 
+# mypy's view of the package-dir mapping (.ci/mypy-view): cheap, so made on every install.
 install: $(STAMP)
+	$(PY) .ci/mypy-view
 
 run: install
 	$(VENV)/bin/minions up --data-dir $(DATA_DIR) --port $${MINIONS_PORT:-8080} --executors 1 --sample
@@ -73,4 +75,4 @@ bench: install
 	$(PY) bench/limits.py $(LEDGER)
 
 clean:
-	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .mypy_cache .mypy_view .ruff_cache

@@ -12,7 +12,7 @@ pooling, copies back, the output's encoding. The batch size is fixed (`--batch-s
 sizing at load are skipped) so that both revisions cut the same batches. Printed: microseconds per
 sentence per arm (median of the rounds, and every round) and the ratio this tree / REV.
 
-API: OutputCheck (services/api/output_check.py, what complete runs on every output) over the
+API: OutputCheck (services/api/leasing/output_check.py, what complete runs on every output) over the
 output of 1,000 embeddings of 384 floats, in this process: CPU milliseconds per 1,000 committed
 vectors (median of the rounds).
 
@@ -98,7 +98,7 @@ def api_ms_per_thousand(rounds: int) -> float:
     import random
 
     from minions import jsoncodec
-    from minions.services.api.output_check import OutputCheck
+    from minions.services.api.leasing.output_check import OutputCheck
 
     rng = random.Random(0)
     inputs = b"".join(jsoncodec.dumps_line({"id": i, "text": "x"}) for i in range(1000))

@@ -9,10 +9,11 @@ engine's vectors to sentence-transformers', and whether its greedy tokens are tr
     python bench/backends.py [--sentences 64] [--prompts 8] [--max-tokens 32] [--rounds 3]
                              [--threads N] [--embedding-model NAME] [--completion-model PATH]
 
-The completion model defaults to the tests' tiny random Llama (built in a temporary folder, no
-download): enough for parity; for a meaningful tokens/s give a real model folder (a Hugging Face
-Llama/Qwen/Mistral in safetensors). Speed only means something on Apple silicon, where MLX runs
-on the GPU; MLX's Linux CPU build (`mlx[cpu]`) uses a reference BLAS and is slow by design.
+The completion model defaults to the tests' tiny random Llama (minions/testing/tiny_lm.py, built
+in a temporary folder, no download): enough for parity; for a meaningful tokens/s give a real
+model folder (a Hugging Face Llama/Qwen/Mistral in safetensors). Speed only means something on
+Apple silicon, where MLX runs on the GPU; MLX's Linux CPU build (`mlx[cpu]`) uses a reference
+BLAS and is slow by design.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.completion_model
         if folder is None:
-            from tests.agent import tiny_lm
+            from minions.testing import tiny_lm
 
             folder = str(tiny_lm.build(Path(tmp) / "tiny-llama"))
         rows += completion_rows(args, engines, folder)

@@ -1,6 +1,6 @@
 """The claim the API runs (`minion_claim_batch`) with one team pending against many teams pending:
 what fair share's tier costs a claim. `python bench/claim.py --fair-share` runs it (see claim.py for
-the server, the clients and the checks it shares).
+the server, claim_clients.py for the clients and the checks it shares).
 
 Two arms over the same queue: `--subtasks` pending subtasks in `--teams` tasks of equal size, all of
 one team (1team) or each task its own team (Nteams); the executors are shared (no team), one per
@@ -37,13 +37,8 @@ from typing import Any
 import asyncpg
 
 from bench import statements
-from bench.claim import (
-    RunResult,
-    admin,
-    pct,
-    run_clients,
-    verify,
-)
+from bench.claim_clients import RunResult, pct, run_clients, verify
+from bench.scratch import admin
 from minions.config import Settings
 from minions.db.connect import connect
 from minions.db.migrate import migrate

@@ -9,7 +9,8 @@ only side-by-side numbers compare), against plain transformers measured beside t
              record) against generating the same records again (what replication costs).
 
 The model is a random-weight Llama of a size a CPU can time in seconds (`--hidden`, `--layers`;
-a real model's weights change nothing in what is computed), the tokenizer the tests' tiny one.
+a real model's weights change nothing in what is computed), the tokenizer the tests' tiny one
+(minions/testing/tiny_lm.py).
 
     python bench/completion_proofs.py [--records 16] [--tokens 64] [--rounds 5] [--hidden 512 --layers 8]
 """
@@ -40,7 +41,7 @@ def _model(folder: Path, hidden: int, layers: int) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.agent import tiny_lm
+    from minions.testing import tiny_lm
 
     tiny_lm.build(folder)
     config = LlamaConfig.from_pretrained(folder)

@@ -103,8 +103,7 @@ if str(ROOT) not in sys.path:
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 from bench import limits, machine, statements  # noqa: E402
-from bench.claim import admin  # noqa: E402
-from bench.scratch import scratch_postgres  # noqa: E402
+from bench.scratch import admin, scratch_postgres  # noqa: E402
 from minions import jsoncodec, protocol, runtime  # noqa: E402
 from minions.agents.macos.client import ExecutorClient  # noqa: E402
 from minions.agents.macos.jsonl import encode_outputs, parse_records  # noqa: E402

@@ -37,9 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
-from bench.claim import admin  # noqa: E402
 from bench.drain import prepare_template, scratch, sql_arm  # noqa: E402
-from bench.scratch import scratch_postgres  # noqa: E402
+from bench.scratch import admin, scratch_postgres  # noqa: E402
 from minions import runtime  # noqa: E402
 from minions.embedded_pg import EmbeddedPostgres  # noqa: E402
 

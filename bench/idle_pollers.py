@@ -4,7 +4,7 @@ most 1 statement per executor per long-poll cycle, none while waiting).
     python bench/idle_pollers.py [--executors 1000] [--wait-s 5] [--cycles 3]
 
 One embedded PostgreSQL that logs every statement (`log_statement = all`, as
-tests/test_idle_claims.py does), the real services (API with its default workers, splitter, watchdog
+tests/api/test_idle_claims.py does), the real services (API with its default workers, splitter, watchdog
 as processes) and `--executors` executors in this process: each registered, then long-polling
 `POST /claim?wait=--wait-s&max=10` in a loop over one shared aiohttp session, with nothing pending.
 After one warm-up cycle, over `--cycles` cycles (the window's ends taken on the server's clock), it

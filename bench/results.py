@@ -50,7 +50,7 @@ from minions.logging import configure as configure_logging  # noqa: E402
 from minions.result_parts import Compactor  # noqa: E402
 from minions.sdk import MinionsClient  # noqa: E402
 from minions.services.api.app import create_app  # noqa: E402
-from minions.services.api.routes import tasks as task_routes  # noqa: E402
+from minions.services.api.results import reading as result_reading  # noqa: E402
 from minions.store.s3 import S3Store  # noqa: E402
 from minions.testing.factories import make_task, make_token  # noqa: E402
 
@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace, url: str, endpoint: str) -> None:
     try:
         for _ in range(args.rounds):
             for arm, ahead in (("before", 1), ("readahead", 16)):
-                task_routes.RESULT_READ_AHEAD = ahead
+                result_reading.RESULT_READ_AHEAD = ahead
                 seconds, data = await timed(stream)
                 reference = reference or data
                 assert data == reference and data.count(b"\n") == args.subtasks * args.records, arm

@@ -1,5 +1,6 @@
 """A scratch PostgreSQL for one benchmark run: started in a fresh temporary folder (also the run's
-work folder), stopped and removed afterwards, whatever happens."""
+work folder), stopped and removed afterwards, whatever happens; and `admin`, statements run on it
+as its superuser (databases made and dropped, settings, extensions)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+import asyncpg
 
 from minions.embedded_pg import EmbeddedPostgres
 
@@ -24,3 +27,14 @@ def scratch_postgres(prefix: str, *, fast: bool = False) -> Iterator[tuple[Embed
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def admin(url: str, *statements: str) -> None:
+    """Each statement by itself, in turn, on a fresh connection to `url`: outside any transaction, as
+    CREATE DATABASE and ALTER SYSTEM must run."""
+    conn = await asyncpg.connect(url)
+    try:
+        for s in statements:
+            await conn.execute(s)
+    finally:
+        await conn.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from bench.claim import admin
+from bench.scratch import admin
 from minions.embedded_pg import EmbeddedPostgres
 
 TOP = """

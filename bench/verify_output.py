@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minions import jsoncodec
 from minions.kinds import KINDS
-from minions.services.api.output_check import OutputCheck
-from minions.services.api.verified_output import copy_verified
+from minions.services.api.leasing.complete import copy_verified
+from minions.services.api.leasing.output_check import OutputCheck
 from minions.store.local import CHUNK_SIZE, LocalStore
 
 MB = 1024 * 1024

@@ -13,27 +13,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol
 
 import asyncpg
 
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
-from minions.db.queries import Queries
+from minions.db.gateway import Runs
+from minions.db.gateways.cluster_settings import ClusterSettingsGateway
 from minions.logging import get_logger
 
-Q = Queries("cluster_settings")
 CHANNEL = "minion_settings"
 KEYS = ("lease_timeout_s", "max_attempts")
 log = get_logger(__name__)
-
-
-class Executor(Protocol):
-    """An asyncpg connection or pool."""
-
-    async def fetchrow(self, query: str, *args: object) -> asyncpg.Record | None: ...
-
-    async def fetchval(self, query: str, *args: object) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -42,15 +33,14 @@ class ClusterSettings:
     max_attempts: int
 
 
-async def read(db: Executor) -> ClusterSettings:
-    row = await db.fetchrow(Q.read)
-    assert row is not None  # the function always returns its one row
+async def read(db: Runs) -> ClusterSettings:
+    row = await ClusterSettingsGateway(db).read()
     return ClusterSettings(lease_timeout_s=float(row["lease_timeout_s"]), max_attempts=int(row["max_attempts"]))
 
 
-async def set_value(db: Executor, key: str, value: str) -> str:
+async def set_value(db: Runs, key: str, value: str) -> str:
     """Store one value (validated in SQL: asyncpg.CheckViolationError names what is wrong)."""
-    return str(await db.fetchval(Q.set, key, value))
+    return await ClusterSettingsGateway(db).set(key=key, value=value)
 
 
 def given(settings: Settings) -> dict[str, str]:
@@ -59,7 +49,7 @@ def given(settings: Settings) -> dict[str, str]:
     return {key: str(value) for key, value in values.items() if value is not None}
 
 
-async def apply_given(db: Executor, settings: Settings) -> dict[str, str]:
+async def apply_given(db: Runs, settings: Settings) -> dict[str, str]:
     """MINIONS_LEASE_TIMEOUT_S / MINIONS_MAX_ATTEMPTS, where given, written to the rows (what was written)."""
     return {key: await set_value(db, key, value) for key, value in given(settings).items()}
 
@@ -76,7 +66,7 @@ async def apply_given_at(database_url: str, settings: Settings) -> dict[str, str
 
 
 class LiveClusterSettings:
-    """The API's copy, kept current: a ChannelListener (services/api/claim_waiters.py) on
+    """The API's copy, kept current: a ChannelListener (services/api/leasing/claim_waiters.py) on
     `minion_settings` that re-reads the row on each change and after each (re)LISTEN."""
 
     channel = CHANNEL

@@ -1,5 +1,5 @@
 """Reading committed results, verified: the bytes a done subtask's row names, served only once they
-match the SHA-256 and size recorded at complete (services/api/verified_output.py writes them).
+match the SHA-256 and size recorded at complete (services/api/leasing/complete.py writes them).
 
 The API's results routes and spot checks and the watchdog's compaction (result_parts.py) all read
 committed results, so this half lives in the core. It streams: memory is O(one chunk) per call

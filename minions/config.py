@@ -144,7 +144,7 @@ class Settings:
                                    "a task with work pending and no lease this long while executors that "
                                    "could serve it are busy elsewhere is warned as starving", {WATCHDOG})
 
-    # Slow clients (services/api/slow_clients.py): a slowloris cannot pin the API's sockets.
+    # Slow clients (services/api/http/slow_clients.py): a slowloris cannot pin the API's sockets.
     header_timeout_s: float = _setting(10.0, "MINIONS_HEADER_TIMEOUT_S",
                                        "a new connection's request headers must arrive within this", {API})
     body_timeout_s: float = _setting(30.0, "MINIONS_BODY_TIMEOUT_S",

@@ -3,7 +3,7 @@ the attempt outcomes: defined here once.
 
 The API's validation, the OpenAPI document, the executor runners, the CLI, the SDK and the web UI
 (through GET /api/v1/meta) all read these; the schema restates the kinds, statuses, states and
-outcomes in CHECK constraints, and tests/test_kinds.py reads those back from the catalog of a
+outcomes in CHECK constraints, and tests/core/test_kinds.py reads those back from the catalog of a
 migrated database and holds the two in step.
 """
 

@@ -2,7 +2,7 @@
 
 The rule is written here once: the executor protocol's messages and the OpenAPI document take
 NAME_PATTERN as it is, and the schema's `minion_name` domain checks the same pattern
-(tests/test_kinds.py reads it back from the catalog)."""
+(tests/core/test_kinds.py reads it back from the catalog)."""
 
 from __future__ import annotations
 

@@ -30,11 +30,10 @@ import asyncpg
 
 from minions import readahead
 from minions.committed_results import VERIFY_IN_MEMORY, read_committed
-from minions.db.queries import Queries
+from minions.db.gateways.compact import CompactGateway
 from minions.logging import get_logger
 from minions.store.base import ObjectStore, StoreError
 
-Q = Queries("compact")
 log = get_logger(__name__)
 PAGE = 1000  # subtasks read from the database at a time
 READ_AHEAD = 32  # committed results read from the store at once (each at most VERIFY_IN_MEMORY)
@@ -61,7 +60,7 @@ def part_key(task_id: int, part: int) -> str:
 class Compactor:
     def __init__(self, conn: asyncpg.Connection, store: ObjectStore, *, part_bytes: int,
                  progress: Progress | None = None) -> None:
-        self.conn = conn
+        self.db = CompactGateway(conn)  # one connection: a task's lock is a session lock
         self.store = store
         self.part_bytes = part_bytes
         self._progress = progress or (lambda _c: None)
@@ -70,17 +69,17 @@ class Compactor:
         """Compact one completed task (resuming after its recorded parts). `done` is False when
         another compactor holds the task, or it is not a completed task."""
         report = Compaction(task_id)
-        if not await self.conn.fetchval(Q.try_lock_task, task_id):
+        if not await self.db.try_lock_task(task_id=task_id):
             return report
         try:
-            last = await self.conn.fetchrow(Q.last_part, task_id)
+            last = await self.db.last_part(task_id=task_id)
             part = 0 if last is None else last["part"] + 1
             after = -1 if last is None else last["last_subtask"]
             results = readahead.ordered(self._done_subtasks(task_id, after), self._prefetch, READ_AHEAD)
             async with contextlib.aclosing(results):  # its reads ahead end with the compaction
                 return await self._compact_from(report, part, results)
         finally:
-            await self.conn.fetchval(Q.unlock_task, task_id)
+            await self.db.unlock_task(task_id=task_id)
 
     async def _compact_from(self, report: Compaction, part: int,
                             results: AsyncIterator[tuple[Any, list[bytes] | None]]) -> Compaction:
@@ -89,8 +88,8 @@ class Compactor:
         while pending is not None:
             written = await self._write_part(task_id, part, pending, results)
             key, first, last_sub, digest, size, records, pending = written
-            if not await self.conn.fetchval(Q.record_part, task_id, part, first, last_sub, key, digest,
-                                            size, records):
+            if not await self.db.record_part(task_id=task_id, part=part, first_subtask=first, last_subtask=last_sub,
+                                             key=key, sha256=digest, size=size, records=records):
                 # Not the next part of a completed task any more (deleted meanwhile): ours is garbage.
                 log.warning("result_part_refused", task_id=task_id, part=part, key=key)
                 await _discard(self.store, key)
@@ -102,14 +101,14 @@ class Compactor:
             report.subtasks += last_sub - first + 1
             self._progress(report)
             part += 1
-        report.done = bool(await self.conn.fetchval(Q.finish_compaction, task_id))
+        report.done = await self.db.finish_compaction(task_id=task_id)
         if report.done:
             log.info("task_compacted", task_id=task_id, parts=report.parts, bytes=report.bytes)
         return report
 
     async def _done_subtasks(self, task_id: int, after: int) -> AsyncIterator[Any]:
         while True:
-            page = await self.conn.fetch(Q.done_subtasks, task_id, after, PAGE)
+            page = await self.db.done_subtasks(task_id=task_id, after=after, limit=PAGE)
             for sub in page:
                 yield sub
             if len(page) < PAGE:
@@ -174,4 +173,4 @@ async def compact_completed(conn: asyncpg.Connection, store: ObjectStore, *, par
                             progress: Progress | None = None) -> list[Compaction]:
     """Compact up to `limit` completed tasks that are not compacted yet."""
     compactor = Compactor(conn, store, part_bytes=part_bytes, progress=progress)
-    return [await compactor.compact(row["task_id"]) for row in await conn.fetch(Q.tasks_to_compact, limit)]
+    return [await compactor.compact(task_id) for task_id in await compactor.db.tasks_to_compact(limit=limit)]

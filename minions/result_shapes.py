@@ -1,6 +1,6 @@
 """What a result line holds, per kind (docs/API.md, "Output object"): defined here once.
 
-Complete refuses an output line that breaks these rules (services/api/output_check.py), so every
+Complete refuses an output line that breaks these rules (services/api/leasing/output_check.py), so every
 reader (results as JSONL or .npy, result parts, the OpenAI finalizer and interactive lane, the SDK)
 may rely on them. A result committed before the check existed may still break them: readers call
 `check_record` on what they read and answer a clear error naming the record, never a crash.

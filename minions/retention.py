@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from minions.db.queries import Queries
+from minions.db.gateways.gc import GcGateway
 from minions.logging import get_logger
 
-Q = Queries("gc")
 log = get_logger(__name__)
 DAY_S = 86_400.0
 # A few thousand rows per transaction keeps each step's locks and WAL burst short (docs/SCALE.md).
@@ -54,18 +53,19 @@ async def run_retention(conn: asyncpg.Connection, age_days: float, *, batch: int
     """Run the job to the end (or until `should_stop`) on `conn`, which must not be in a transaction."""
     report = RetentionReport(age_days)
     age_s = age_days * DAY_S
-    if not await conn.fetchval(Q.retention_lock):
+    db = GcGateway(conn)  # the run's session lock is this connection's: every step runs on it
+    if not await db.retention_lock():
         report.ran = False
         log.info("retention_skipped", reason="another run holds the lock")
         return report
     try:
-        backlog = await conn.fetchrow(Q.retention_backlog, age_s)
+        backlog = await db.retention_backlog(age_s=age_s)
         report.backlog_tasks, report.backlog_subtasks = int(backlog["tasks"]), int(backlog["subtasks"])
         log.info("retention_started", age_days=age_days, tasks=report.backlog_tasks,
                  subtasks=report.backlog_subtasks)
         last_report = time.monotonic()
         while not should_stop():
-            row = await conn.fetchrow(Q.retention_step, age_s, batch)
+            row = await db.retention_step(age_s=age_s, batch=batch)
             if row is None:
                 break
             report.steps += 1
@@ -80,7 +80,7 @@ async def run_retention(conn: asyncpg.Connection, age_days: float, *, batch: int
                 if progress:
                     progress(report)
     finally:
-        await conn.fetchval(Q.retention_unlock)
+        await db.retention_unlock()
     log.info("retention_done", tasks=report.tasks, subtasks=report.subtasks, attempts=report.attempts,
              steps=report.steps)
     if progress:

@@ -19,16 +19,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import asyncpg
 
 from minions.db.connect import connect
-from minions.db.queries import Queries
+from minions.db.gateways.gc import GcGateway
 from minions.logging import get_logger
 from minions.store.base import InvalidKey, ListedObject, ObjectStore, StoreError
 from minions.store.factory import open_store
 
-Q = Queries("gc")
 log = get_logger(__name__)
 BATCH = 500
 DRY_RUN_RECORDS = 1_000_000  # a dry run deletes nothing, so it cannot page: one large look
@@ -72,10 +72,16 @@ class GcReport:
 Progress = Callable[[str, GcReport], None]
 
 
+class KeyJudge(Protocol):
+    """A gateway method that names the garbage among a batch of listed keys."""
+
+    async def __call__(self, *, keys: list[str]) -> list[str]: ...
+
+
 class Collector:
     def __init__(self, conn: asyncpg.Connection, store: ObjectStore, *, grace_s: float, dry_run: bool,
                  progress: Progress | None = None) -> None:
-        self.conn = conn
+        self.db = GcGateway(conn)
         self.store = store
         self.grace_s = grace_s
         self.report = GcReport(dry_run)
@@ -95,7 +101,7 @@ class Collector:
     async def _stale_records(self) -> None:
         limit = DRY_RUN_RECORDS if self.report.dry_run else BATCH
         while True:
-            rows = await self.conn.fetch(Q.stale_input_records, self.grace_s, self.report.dry_run, limit)
+            rows = await self.db.stale_input_records(grace_s=self.grace_s, dry_run=self.report.dry_run, limit=limit)
             for row in rows:
                 await self._delete_uri(row["uri"], row["bytes"])
             self._progress("input records", self.report)
@@ -104,7 +110,7 @@ class Collector:
 
     async def _kept_results(self) -> None:
         while True:
-            rows = await self.conn.fetch(Q.kept_results, self.grace_s, self.report.dry_run, BATCH)
+            rows = await self.db.kept_results(grace_s=self.grace_s, dry_run=self.report.dry_run, limit=BATCH)
             for row in rows:
                 self.report.kept.objects += row["subtasks"]
                 self.report.kept.bytes += row["bytes"]
@@ -137,22 +143,22 @@ class Collector:
                 by_uri[self.store.uri_for(found.key)] = found
             except InvalidKey:  # a file no key of ours names (put there by hand): not ours to judge
                 continue
-        for row in await self.conn.fetch(Q.unowned_inputs, list(by_uri)):
-            await self._remove(by_uri[row["uri"]], self.report.inputs)
+        for uri in await self.db.unowned_inputs(uris=list(by_uri)):
+            await self._remove(by_uri[uri], self.report.inputs)
 
     async def _garbage_outputs(self, batch: list[ListedObject]) -> None:
-        await self._judge_keys(Q.garbage_outputs, batch)
+        await self._judge_keys(self.db.garbage_outputs, batch)
 
     async def _garbage_results(self, batch: list[ListedObject]) -> None:
-        await self._judge_keys(Q.garbage_results, batch)
+        await self._judge_keys(self.db.garbage_results, batch)
 
     async def _garbage_parts(self, batch: list[ListedObject]) -> None:
-        await self._judge_keys(Q.garbage_parts, batch)
+        await self._judge_keys(self.db.garbage_parts, batch)
 
-    async def _judge_keys(self, query: str, batch: list[ListedObject]) -> None:
+    async def _judge_keys(self, judge: KeyJudge, batch: list[ListedObject]) -> None:
         by_key = {found.key: found for found in batch}
-        for row in await self.conn.fetch(query, list(by_key)):
-            await self._remove(by_key[row["key"]], self.report.outputs)
+        for key in await judge(keys=list(by_key)):
+            await self._remove(by_key[key], self.report.outputs)
 
     async def _delete_uri(self, uri: str, size: int) -> None:
         if not self.store.readable(uri):

@@ -1,5 +1,5 @@
 """The fields of a task submission, all but its inline records: checked by the API before it takes a
-task (services/api/validation.py, which adds the records) and by `minions submit` before it uploads
+task (services/api/tasks/validation.py, which adds the records) and by `minions submit` before it uploads
 anything, so both refuse the same values in the same words. Every problem is reported at once, by
 field name (the API answers them as a 422)."""
 

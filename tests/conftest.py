@@ -3,6 +3,7 @@ database per test."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -10,10 +11,34 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+import minions
 from minions.testing.processes import Services
 from tests.support.database import TestDatabases
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+# The folders pyproject.toml's package-dir maps into the package.
+MAPPED = ("minions.services", "minions.agents", "minions.sql", "minions.infra")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One checkout's code, or no run: an editable install maps the package-dir folders to the
+    checkout it was made from, so a venv made in one worktree and run in another would test this
+    minions/ with the other's services/ and agents/ (and a venv installed before package-dir finds
+    no minions.services at all)."""
+    root = Path(minions.__file__).resolve().parent.parent
+    strays = []
+    for name in MAPPED:
+        try:
+            where = Path(str(importlib.import_module(name).__file__)).resolve()
+        except ModuleNotFoundError:
+            strays.append(f"no {name}")
+            continue
+        if not where.is_relative_to(root):
+            strays.append(f"{name} from {where}")
+    if strays:
+        raise pytest.UsageError(f"minions is {root}'s, but " + ", ".join(strays) +
+                                f": install this checkout into the venv (`make install` in {root})")
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,13 @@
 """The layers hold: every import of the package's own code points the way the layers allow.
 
-The package is one import name, `minions`; `services/` and `agents/` join it through the symlinks
-minions/services and minions/agents, so `from minions.services.api import errors` reads like any
-other import of the package and nothing at import time tells a service from the core. This test
-reads the source of every module (minions/ without its symlinks, plus the real folders the links
-point to, named as the links name them) with `ast`: imports at the top, inside functions and under
-TYPE_CHECKING, relative imports, and `importlib.import_module("...")` of a literal name. It fails
-naming each import that points the wrong way (docs/ARCHITECTURE.md, "Layer rules"):
+The package is one import name, `minions`; `services/` and `agents/` join it through setuptools'
+package-dir (pyproject.toml: `minions.services` is the folder `services/`), so
+`from minions.services.api import errors` reads like any other import of the package and nothing at
+import time tells a service from the core. This test reads the source of every module (minions/,
+plus each package-dir folder, named as the package it maps to) with `ast`: imports at the top,
+inside functions and under TYPE_CHECKING, relative imports, and `importlib.import_module("...")` of a
+literal name. It fails naming each import that points the wrong way (docs/ARCHITECTURE.md, "Layer
+rules"):
 
 | layer           | where                              | may import                         |
 |-----------------|------------------------------------|------------------------------------|
@@ -23,25 +24,25 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import os
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "minions"
-# Top-level names the linked folders would have if imported from the repository root: the same code.
-LINKED_TOP_LEVEL = ("services", "agents")
 
 CORE, SDK, CLI, AGENT, HARNESS = "core", "SDK", "CLI", "agent", "harness"
-SERVICES_ROOT = "services package"  # minions/services/__init__.py itself (empty)
+SERVICES_ROOT = "services package"  # minions.services itself, services/__init__.py (empty)
 
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted, as it imports: minions.services.api.errors
-    path: Path  # its source file where it really lies: services/api/errors.py
+    name: str  # dotted, as it imports: minions.services.api.http.errors
+    path: Path  # its source file where it really lies: services/api/http/errors.py
     is_package: bool
 
 
@@ -57,21 +58,33 @@ class Arrow:
                 f"({layer_of(self.target)})")
 
 
+def _pyproject(root: Path) -> dict[str, Any]:
+    return tomllib.loads((root / "pyproject.toml").read_text())
+
+
+def package_folders(root: Path) -> dict[str, Path]:
+    """Where each package's folder lies under `root`, as setuptools maps it: `minions` in minions/,
+    then each entry of [tool.setuptools.package-dir] (`minions.services` in services/)."""
+    mapped = _pyproject(root)["tool"]["setuptools"]["package-dir"]
+    return {PACKAGE: root / PACKAGE, **{name: root / folder for name, folder in mapped.items()}}
+
+
 def package_modules(root: Path) -> dict[str, Module]:
-    """Every module of the package under `root`, named as it imports: `root`/minions walked without
-    following its symlinks, then the real folder each symlinked folder points to, under the link's name."""
+    """Every module of the package under `root`, named as it imports: each folder of package_folders
+    walked under its package's name."""
     modules: dict[str, Module] = {}
-    package_dir = root / PACKAGE
-    _walk(package_dir, [PACKAGE], modules)
-    for entry in sorted(package_dir.iterdir()):
-        if entry.is_symlink() and entry.is_dir():
-            _walk(entry.resolve(), [PACKAGE, entry.name], modules)
+    folders = package_folders(root)
+    for name, folder in folders.items():
+        _walk(folder, name.split("."), modules, set(folders))
     return modules
 
 
-def _walk(folder: Path, prefix: list[str], modules: dict[str, Module]) -> None:
-    for dirpath, dirnames, filenames in os.walk(folder):  # followlinks=False: links are walked on their own
-        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink() and d != "__pycache__")
+def _walk(folder: Path, prefix: list[str], modules: dict[str, Module], mapped: set[str]) -> None:
+    for dirpath, dirnames, filenames in os.walk(folder):
+        # A subfolder named like a package that package-dir puts elsewhere is not that package (as
+        # for setuptools): its modules are read from the mapped folder only.
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and ".".join(
+            [*prefix, *(Path(dirpath) / d).relative_to(folder).parts]) not in mapped)
         for filename in sorted(filenames):
             if not filename.endswith(".py"):
                 continue
@@ -119,33 +132,43 @@ def _parse(path: Path) -> ast.Module:
             return pool.submit(ast.parse, source, str(path)).result()
 
 
-def imports_of(module: Module, modules: dict[str, Module]) -> Iterator[tuple[int, str]]:
-    """(line, module name) of each import of the package's own code in `module`, wherever it sits."""
+def folder_names(root: Path) -> dict[str, str]:
+    """The package each package-dir folder is, by the name the folder would import as from `root`:
+    {"services": "minions.services", ...}. `import services.api` is the same code as minions.services.api."""
+    return {".".join(folder.relative_to(root).parts): name for name, folder in package_folders(root).items()
+            if name != PACKAGE}
+
+
+def imports_of(module: Module, modules: dict[str, Module], folders: dict[str, str]) -> Iterator[tuple[int, str]]:
+    """(line, module name) of each import of the package's own code in `module`, wherever it sits;
+    `folders` is folder_names()."""
     tree = _parse(module.path)
     package = module.name if module.is_package else module.name.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, _own(alias.name)
+                yield node.lineno, _own(alias.name, folders)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base_parts = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*base_parts, node.module] if node.module else base_parts)
             else:
-                base = _own(node.module or "")
+                base = _own(node.module or "", folders)
             for alias in node.names:
                 child = f"{base}.{alias.name}"
                 yield node.lineno, child if child in modules else base
         elif isinstance(node, ast.Call) and _names_import_module(node.func) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                yield node.lineno, _own(first.value)
+                yield node.lineno, _own(first.value, folders)
 
 
-def _own(name: str) -> str:
-    """`services.api.x` and `agents.x` (the linked folders by their top-level names) are the package's."""
-    top = name.split(".")[0]
-    return f"{PACKAGE}.{name}" if top in LINKED_TOP_LEVEL else name
+def _own(name: str, folders: dict[str, str]) -> str:
+    """`services.api.x` and `agents.x` (the mapped folders by their names from the root) are the package's."""
+    for folder, package in folders.items():
+        if name == folder or name.startswith(f"{folder}."):
+            return package + name[len(folder):]
+    return name
 
 
 def _names_import_module(func: ast.expr) -> bool:
@@ -154,11 +177,11 @@ def _names_import_module(func: ast.expr) -> bool:
 
 
 def wrong_way_arrows(root: Path) -> list[Arrow]:
-    modules = package_modules(root)
+    modules, folders = package_modules(root), folder_names(root)
     arrows: dict[Arrow, None] = {}  # one per line and target, however many names the line imports
     for module in modules.values():
         source = layer_of(module.name)
-        for line, target in imports_of(module, modules):
+        for line, target in imports_of(module, modules, folders):
             if target.split(".")[0] == PACKAGE and not allowed(source, layer_of(target)):
                 arrows[Arrow(module, line, target)] = None
     return list(arrows)
@@ -170,13 +193,34 @@ def test_no_import_points_the_wrong_way() -> None:
         "\n".join(str(arrow) for arrow in arrows)
 
 
-def test_the_walk_reads_the_linked_folders_under_their_package_names() -> None:
+def test_the_walk_reads_the_mapped_folders_under_their_package_names() -> None:
     modules = package_modules(REPO)
     api = modules["minions.services.api.app"]
     assert api.path == REPO / "services" / "api" / "app.py"
     assert modules["minions.agents.macos.agent"].path == REPO / "agents" / "macos" / "agent.py"
     assert {layer_of(name) for name in modules} >= {CORE, SDK, CLI, AGENT, HARNESS, "service api",
                                                     "service splitter", "service watchdog"}
+    # Each file has one path: no link under minions/ gives services/ or agents/ a second one.
+    assert not [path for path in (REPO / PACKAGE).rglob("*") if path.is_symlink()]
+
+
+def test_the_wheel_ships_every_package_the_walk_reads() -> None:
+    """[tool.setuptools] packages is a list (setuptools' find cannot see through package-dir): a
+    package folder left out of it still imports in a checkout, through the editable install's finder,
+    and is missing from the wheel."""
+    listed = set(_pyproject(REPO)["tool"]["setuptools"]["packages"])
+    assert listed == {module.name for module in package_modules(REPO).values() if module.is_package}
+
+
+def test_mypy_checks_every_mapped_folder_of_code() -> None:
+    """mypy reaches a package-dir folder only by its package name ([tool.mypy] packages, through the
+    view .ci/mypy-view makes); one holding modules but left out is checked only where imported."""
+    config = _pyproject(REPO)
+    checked = set(config["tool"]["mypy"]["packages"])
+    modules = package_modules(REPO)
+    with_code = {name for name in config["tool"]["setuptools"]["package-dir"]
+                 if any(module.startswith(f"{name}.") for module in modules)}
+    assert with_code <= checked
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
@@ -184,8 +228,8 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
-    for linked in LINKED_TOP_LEVEL:
-        (root / PACKAGE / linked).symlink_to(Path("..") / linked, target_is_directory=True)
+    (root / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"minions.services" = "services"\n"minions.agents" = "agents"\n')
 
 
 @pytest.fixture

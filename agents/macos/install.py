@@ -20,8 +20,8 @@ from minions.private_files import DIR_MODE, make_private_dir, tighten
 
 LABEL = "com.minions.agent"
 PROCESS_TYPES = ("Adaptive", "Standard")
-# Package data (`minions/infra` is the repository's `infra/`), read through importlib.resources.
-_INFRA = files("minions") / "infra"
+# Package data (the package `minions.infra` is the repository's `infra/`), read through importlib.resources.
+_INFRA = files("minions.infra")
 LAUNCHD_TEMPLATE = _INFRA / "launchd" / f"{LABEL}.plist.template"
 SYSTEMD_TEMPLATE = _INFRA / "systemd" / "minions-agent.service.template"
 SYSTEMD_UNIT = "minions-agent.service"

@@ -8,15 +8,13 @@ import os
 import sys
 
 from minions import cluster_settings, config
-from minions.cli import connection, tokens
-from minions.db.connect import connect
+from minions.cli import tokens
+from minions.cli.connection import database_url
+from minions.cli.gateway import connected
 from minions.db.migrate import migrate
-from minions.db.queries import Queries
 from minions.embedded_pg import bin_path
 from minions.names import is_name
 from minions.tokens import TOKEN_ROLES, hash_token, new_token, token_prefix
-
-Q = Queries("cli")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,23 +43,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="an executor token whose machines you vouch for: their results commit without a check "
                         "and settle volunteers' checks (default: a volunteer's)")
     p.set_defaults(handler=token_create)
-    tokens.add_parsers(token_sub, _database_flags)
+    tokens.add_parsers(token_sub)
 
     p = sub.add_parser("psql", help="open psql on the database (of `minions up`, or MINIONS_DATABASE_URL)")
     config.add_arguments(p, ("database_url",))
     p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
     p.add_argument("psql_args", nargs=argparse.REMAINDER, help="anything else goes to psql as is, e.g. -c \"SELECT 1\"")
     p.set_defaults(handler=psql)
-
-
-def _database_flags(p: argparse.ArgumentParser) -> None:
-    config.add_arguments(p, ("database_url",))
-    p.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
-
-
-def database_url(args: argparse.Namespace) -> str:
-    return connection.server_setting(config.from_args(args).database_url, args.data_dir, "database_url",
-                                     "pass --database-url or set MINIONS_DATABASE_URL")
 
 
 def db_migrate(args: argparse.Namespace) -> int:
@@ -76,12 +64,9 @@ def db_migrate(args: argparse.Namespace) -> int:
 async def create_token(url: str, role: str, team: str | None, label: str, token: str | None = None,
                        expires_in_s: float | None = None, owner: str | None = None, trusted: bool = False) -> str:
     token = token or new_token()
-    conn = await connect(url)
-    try:
-        await conn.execute(Q.insert_token, hash_token(token), token_prefix(token), role, team, label, expires_in_s,
-                           owner, trusted)
-    finally:
-        await conn.close()
+    async with connected(url) as db:
+        await db.insert_token(token_hash=hash_token(token), prefix=token_prefix(token), role=role, team=team,
+                              label=label, expires_in_s=expires_in_s, owner=owner, trusted=trusted)
     return token
 
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 import asyncpg
 
 from minions import cluster_settings, config, jsoncodec
-from minions.cli.admin import database_url
+from minions.cli.connection import database_url
 from minions.db.connect import connect
 
 

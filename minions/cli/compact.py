@@ -10,7 +10,6 @@ import sys
 
 from minions import config
 from minions.cli import connection
-from minions.cli.admin import database_url
 from minions.result_parts import Compaction, Compactor, compact_completed
 from minions.store_gc import connected_store
 
@@ -32,7 +31,7 @@ def _progress(report: Compaction) -> None:
 
 def compact(args: argparse.Namespace) -> int:
     settings = config.from_args(args)
-    url = database_url(args)
+    url = connection.database_url(args)
     store_uri = connection.server_setting(settings.store, args.data_dir, "store", "pass --store or set MINIONS_STORE")
 
     async def run() -> list[Compaction]:

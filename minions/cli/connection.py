@@ -1,6 +1,7 @@
-"""Where client commands connect: flags, then MINIONS_API_URL / MINIONS_TOKEN, then the up.json a
-local `minions up` wrote (minions/up_json.py), the lookup the SDK makes too (`client_settings`), so
-`minions status` just works on the same machine, from any folder.
+"""Where commands connect: flags, then MINIONS_API_URL / MINIONS_TOKEN, then the up.json a local
+`minions up` wrote (minions/up_json.py), the lookup the SDK makes too (`client_settings`), so
+`minions status` just works on the same machine, from any folder. Operator commands that work on the
+database itself find it the same way: --database-url or MINIONS_DATABASE_URL, else the up.json.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from minions import config
 from minions.sdk import ApiUnreachable, MinionsClient
 from minions.sdk.client import client_settings
 from minions.up_json import read_up_json, state_dir
@@ -33,6 +35,19 @@ def server_setting(given: str, data_dir: str | None, key: str, how: str) -> str:
     if not value:
         raise SystemExit(f"minions: no {key.replace('_', ' ')}: {how}, or run `minions up` here first")
     return value
+
+
+def add_database_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of an operator command on the database: --database-url and --data-dir."""
+    config.add_arguments(parser, ("database_url",))
+    parser.add_argument("--data-dir", default=None, help="use the database of a `minions up` data dir")
+
+
+def database_url(args: argparse.Namespace) -> str:
+    """The database an operator command works on (--database-url, MINIONS_DATABASE_URL, else the up.json
+    of --data-dir or of here)."""
+    return server_setting(config.from_args(args).database_url, args.data_dir, "database_url",
+                          "pass --database-url or set MINIONS_DATABASE_URL")
 
 
 def client_from_args(args: argparse.Namespace) -> MinionsClient:

@@ -12,17 +12,15 @@ import asyncpg
 
 from minions import config, retention
 from minions.cli import connection
-from minions.cli.admin import database_url
 from minions.cli.client_command import client_command
+from minions.cli.connection import database_url
+from minions.cli.gateway import InputPrefixRow, connected
 from minions.cli.team_shares import add_team_parsers
 from minions.cli.times import shown_time
 from minions.db.connect import connect
-from minions.db.queries import Queries
 from minions.names import is_name
 from minions.store.factory import open_store
 from minions.store_gc import GcReport, collect_garbage
-
-Q = Queries("inputs")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -144,18 +142,20 @@ def _team(value: str) -> str:
     return value
 
 
-async def _one(url: str, query: str, *params: object) -> object:
-    conn = await connect(url)
-    try:
-        return await conn.fetchval(query, *params)
-    finally:
-        await conn.close()
+async def _allow_input(url: str, team: str, prefix: str) -> bool:
+    async with connected(url) as db:
+        return await db.allow_input(team=team, prefix=prefix)
+
+
+async def _disallow_input(url: str, team: str, prefix: str) -> bool:
+    async with connected(url) as db:
+        return await db.disallow_input(team=team, prefix=prefix)
 
 
 def allow_input(args: argparse.Namespace) -> int:
     team = _team(args.team)
     try:
-        added = asyncio.run(_one(database_url(args), Q.allow_input, team, args.prefix))
+        added = asyncio.run(_allow_input(database_url(args), team, args.prefix))
     except asyncpg.CheckViolationError:
         raise SystemExit(f"minions: {args.prefix!r} is not an s3://bucket/prefix") from None
     print(f"team {team} may read {args.prefix}" + ("" if added else " (it already could)"))
@@ -164,7 +164,7 @@ def allow_input(args: argparse.Namespace) -> int:
 
 def disallow_input(args: argparse.Namespace) -> int:
     team = _team(args.team)
-    removed = asyncio.run(_one(database_url(args), Q.disallow_input, team, args.prefix))
+    removed = asyncio.run(_disallow_input(database_url(args), team, args.prefix))
     print(f"team {team} may no longer read {args.prefix}" if removed else
           f"minions: {args.prefix} was not allowed for team {team}")
     return 0 if removed else 1
@@ -174,12 +174,9 @@ def team_inputs(args: argparse.Namespace) -> int:
     team = _team(args.team)
     quota = config.from_args(args).team_input_quota_bytes
 
-    async def run() -> tuple[list[asyncpg.Record], int]:
-        conn = await connect(database_url(args))
-        try:
-            return await conn.fetch(Q.input_prefixes, team), int(await conn.fetchval(Q.team_input_bytes, team))
-        finally:
-            await conn.close()
+    async def run() -> tuple[list[InputPrefixRow], int]:
+        async with connected(database_url(args)) as db:
+            return await db.input_prefixes(team=team), await db.team_input_bytes(team=team)
 
     prefixes, used = asyncio.run(run())
     print(f"team {team} stores {used:,} bytes of input" + (f" of its {quota:,}-byte quota" if quota else ""))

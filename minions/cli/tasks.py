@@ -429,9 +429,13 @@ async def cancel(args: argparse.Namespace) -> int:
 async def retry(args: argparse.Namespace) -> int:
     team, project, name = task_path(args.task)
     async with connection.client_from_args(args) as client:
+        # Counted before: the task the retry answers may have its first subtasks claimed already (an
+        # executor waiting in its long poll wins them within milliseconds), so its pending count is not
+        # what went back; a failed task's failed subtasks do not change until the retry.
+        failed = (await client.task(team, project, name))["subtasks"]["failed"]
         task = await client.retry(team, project, name)
         if not args.json:
-            print(f"{args.task}: {task['status']} again; {task['subtasks']['pending']} failed subtask(s) back in "
+            print(f"{args.task}: {task['status']} again; {failed} failed subtask(s) back in "
                   "the queue, its committed results kept")
             _print_warnings(task)
         if args.wait:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import sys
 from typing import Any
 
 from minions import jsoncodec
+from minions.cli.connection import add_database_arguments, database_url
+from minions.cli.gateway import connected
 from minions.cli.times import shown_time
-from minions.db.connect import connect
-from minions.db.queries import Queries
 from minions.durations import DURATION_EXAMPLES
 from minions.durations import duration_s as parsed_duration_s
 
-Q = Queries("cli")
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
 
 
@@ -29,38 +29,30 @@ def duration_s(text: str) -> float:
     return seconds
 
 
-def add_parsers(token_sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                common: Any) -> None:
-    """`common(parser)` adds the database flags `token create` has."""
+def add_parsers(token_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = token_sub.add_parser("list", help="list tokens: id, prefix, role, team, status, trust, owner, label "
                                           "(never a secret)")
-    common(p)
+    add_database_arguments(p)
     p.add_argument("--status", choices=("active", "expired", "revoked"), default=None, help="only these")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
     p.set_defaults(handler=token_list)
 
     p = token_sub.add_parser("revoke", help="revoke tokens by id (every API process stops taking them at once)")
-    common(p)
+    add_database_arguments(p)
     p.add_argument("ids", nargs="+", type=int, metavar="ID", help="token id, as `minions token list` shows it")
     p.set_defaults(handler=token_revoke)
 
 
 async def list_tokens(url: str, status: str | None) -> list[dict[str, Any]]:
-    conn = await connect(url)
-    try:
-        rows = await conn.fetch(Q.list_tokens, status)
-    finally:
-        await conn.close()
+    async with connected(url) as db:
+        rows = await db.list_tokens(status=status)
     return [dict(r) for r in rows]
 
 
-async def revoke_tokens(url: str, ids: list[int]) -> dict[int, Any]:
+async def revoke_tokens(url: str, ids: list[int]) -> dict[int, dt.datetime | None]:
     """Each id's revocation time, or None for an id that names no token."""
-    conn = await connect(url)
-    try:
-        return {token_id: await conn.fetchval(Q.revoke_token, token_id) for token_id in ids}
-    finally:
-        await conn.close()
+    async with connected(url) as db:
+        return {token_id: await db.revoke_token(token_id=token_id) for token_id in ids}
 
 
 def _when(value: Any) -> str:
@@ -68,9 +60,6 @@ def _when(value: Any) -> str:
 
 
 def token_list(args: argparse.Namespace) -> int:
-    # admin.py registers these commands (it imports this module), so its helper is imported late.
-    from minions.cli.admin import database_url
-
     rows = asyncio.run(list_tokens(database_url(args), args.status))
     if args.json:
         print(jsoncodec.dumps_str([{k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in r.items()}
@@ -90,8 +79,6 @@ def token_list(args: argparse.Namespace) -> int:
 
 
 def token_revoke(args: argparse.Namespace) -> int:
-    from minions.cli.admin import database_url  # late, as above
-
     revoked = asyncio.run(revoke_tokens(database_url(args), args.ids))
     missing = [token_id for token_id, at in revoked.items() if at is None]
     for token_id, at in revoked.items():

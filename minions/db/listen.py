@@ -21,10 +21,9 @@ import asyncpg
 
 from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
-from minions.db.queries import Queries
+from minions.db.gateways.listen import ListenGateway
 from minions.logging import get_logger
 
-Q = Queries("listen")
 log = get_logger(__name__)
 PROBE_TIMEOUT_S = 5.0
 
@@ -91,6 +90,7 @@ class Listener:
         await self._watch(conn, lost)
 
     async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+        db = ListenGateway(conn)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lost.wait(), self.probe_interval_s)
@@ -98,7 +98,7 @@ class Listener:
                 log.warning("listen_connection_lost", channel=self.channel)
                 return
             try:
-                await conn.execute(Q.probe, timeout=min(self.probe_interval_s, PROBE_TIMEOUT_S))
+                await db.probe(timeout=min(self.probe_interval_s, PROBE_TIMEOUT_S))
             except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 log.warning("listen_probe_failed", channel=self.channel, error=repr(exc))
                 return

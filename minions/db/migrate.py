@@ -9,7 +9,7 @@ Two folders of `sql/`, the current schema and the way to it:
 - `sql/migrations/NNNN_name.sql`: deltas, applied in order, once each, to a database built before
   them. `0000_baseline.sql` is the schema as it stood when the migrations began (frozen, never
   edited); each later file changes a database from the one before to the next, and the schema is
-  edited in the same commit so that both roads end at the same database (tests/test_migrations.py
+  edited in the same commit so that both roads end at the same database (tests/sql/test_migrations.py
   builds both and compares their catalogs).
 
 Each applied migration's checksum is recorded: an applied file that later changed is reported, never
@@ -26,10 +26,9 @@ from importlib.resources.abc import Traversable
 import asyncpg
 
 from minions.db.connect import connect
+from minions.db.gateways.migrate import MigrateGateway
 from minions.db.paths import sql_dir
-from minions.db.queries import Queries
 
-Q = Queries("migrate")
 BASELINE = "0000_baseline.sql"
 SCHEMA = "schema"
 
@@ -107,12 +106,13 @@ async def apply(conn: asyncpg.Connection, schema: list[SqlFile], migrations: lis
 
 
 async def _locked(conn: asyncpg.Connection, step: Callable[[dict[str, str]], Awaitable[list[str]]]) -> list[str]:
-    await conn.execute(Q.lock)
+    ledger = MigrateGateway(conn)  # the lock is a session lock: taken and released on this connection
+    await ledger.lock()
     try:
-        await conn.execute(Q.create_ledger)
-        return await step({r["name"]: r["checksum"] for r in await conn.fetch(Q.applied)})
+        await ledger.create_ledger()
+        return await step(await ledger.applied())
     finally:
-        await conn.execute(Q.unlock)
+        await ledger.unlock()
 
 
 async def _pending(conn: asyncpg.Connection, migrations: list[SqlFile], done: dict[str, str]) -> list[str]:
@@ -131,4 +131,4 @@ async def _pending(conn: asyncpg.Connection, migrations: list[SqlFile], done: di
 
 
 async def _record(conn: asyncpg.Connection, migrations: list[SqlFile]) -> None:
-    await conn.executemany(Q.record, [(m.name, m.checksum) for m in migrations])
+    await MigrateGateway(conn).record(checksums={m.name: m.checksum for m in migrations})

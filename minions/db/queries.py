@@ -36,6 +36,10 @@ class Queries:
     def __init__(self, service: str) -> None:
         self._service = service
 
+    def check(self) -> None:
+        """Reads the file now: a missing or broken one fails here, not at the first statement."""
+        load(self._service)
+
     def __getattr__(self, name: str) -> str:
         try:
             return load(self._service)[name]

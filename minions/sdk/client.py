@@ -32,7 +32,7 @@ from minions.backoff import Backoff
 from minions.kinds import FINISHED_TASK_STATUSES
 from minions.retry_after import retry_after_s
 from minions.sdk.inputs import Body, InputSource, jsonl_body
-from minions.sdk.objects import Result, Task, UnknownResult, result_from_json
+from minions.sdk.objects import Result, Task, TaskRef, UnknownResult, result_from_json, task_parts
 from minions.sdk.parts import Progress, fetch_parts
 from minions.sdk.progress import ProgressBar
 from minions.sdk.results import Results
@@ -40,7 +40,6 @@ from minions.sdk.tables import TableSource, is_table, table_records
 from minions.up_json import read_up_json
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
-TaskRef = Task | str  # a Task, or "team/project/name"
 
 
 class MinionsError(Exception):
@@ -431,15 +430,6 @@ def connection_settings(data_dir: str | os.PathLike[str] | None = None) -> tuple
     if not settings.token:
         raise MinionsError(0, "no_token", "no token: set MINIONS_TOKEN, or start `minions up` on this machine")
     return settings.api_url, settings.token
-
-
-def task_parts(ref: TaskRef) -> tuple[str, str, str]:
-    if isinstance(ref, Task):
-        return ref.team, ref.project, ref.name
-    parts = ref.split("/")
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"a task is named TEAM/PROJECT/NAME, not {ref!r}")
-    return parts[0], parts[1], parts[2]
 
 
 def _error(status: int, raw: bytes) -> MinionsError:

@@ -85,6 +85,19 @@ class Task:
         )
 
 
+TaskRef = Task | str  # a Task, or "team/project/name"
+
+
+def task_parts(ref: TaskRef) -> tuple[str, str, str]:
+    """(team, project, name) of a task, from the Task or its "team/project/name"."""
+    if isinstance(ref, Task):
+        return ref.team, ref.project, ref.name
+    parts = ref.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"a task is named TEAM/PROJECT/NAME, not {ref!r}")
+    return parts[0], parts[1], parts[2]
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddingResult:
     id: RecordId

@@ -21,19 +21,26 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from minions.records import format_id
-from minions.sdk.objects import CompletionResult, EmbeddingResult, FailedRecord, Result, SleepResult
+from minions.sdk.objects import (
+    CompletionResult,
+    EmbeddingResult,
+    FailedRecord,
+    Result,
+    SleepResult,
+    Task,
+    TaskRef,
+    task_parts,
+)
 from minions.sdk.tables import DATA_EXTRA, require_pyarrow
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
-
-    from minions.sdk.client import MinionsClient, TaskRef
 
 Matrix = np.ndarray[Any, np.dtype[np.float32]]
 Mask = np.ndarray[Any, np.dtype[np.bool_]]
@@ -59,10 +66,21 @@ def _failed(row: int, result: FailedRecord, method: str) -> FailedResults:
                          f"{method}(allow_failed=True) gives the other records, failed ones marked")
 
 
+class ResultSource(Protocol):
+    """What `Results` reads a task's results through: MinionsClient is one. Named by its methods,
+    so that this module need not import the client, which imports it."""
+
+    async def get_task(self, ref: TaskRef) -> Task: ...
+
+    def iter_results(self, ref: TaskRef, *, partial: bool = False) -> AsyncIterator[Result]: ...
+
+    def results(self, team: str, project: str, name: str, /, *, partial: bool = False) -> AsyncIterator[bytes]: ...
+
+
 class Results:
     """The results of one task; `async for` gives the typed records (as `iter_results`)."""
 
-    def __init__(self, client: MinionsClient, ref: TaskRef, *, partial: bool = False) -> None:
+    def __init__(self, client: ResultSource, ref: TaskRef, *, partial: bool = False) -> None:
         self._client = client
         self._ref = ref
         self._partial = partial
@@ -126,8 +144,6 @@ class Results:
         tell = progress or (lambda _rows: None)
         suffix = result_format(path)
         if suffix == ".jsonl":
-            from minions.sdk.client import task_parts  # the client imports this module
-
             lines = 0
             out = await asyncio.to_thread(open, path, "wb")
             try:

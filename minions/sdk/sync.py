@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from minions.sdk.client import MinionsClient, TaskRef, WaitInterrupted, connection_settings, task_parts
+from minions.sdk.client import MinionsClient, WaitInterrupted, connection_settings
 from minions.sdk.inputs import InputSource
-from minions.sdk.objects import Result, Task
+from minions.sdk.objects import Result, Task, TaskRef, task_parts
 from minions.sdk.results import Results
 from minions.sdk.tables import TableSource
 

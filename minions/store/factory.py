@@ -15,7 +15,7 @@ _HAS_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def open_store(store_uri: str, *, s3_endpoint_url: str = "") -> ObjectStore:
     """`s3://bucket[/prefix]` -> S3Store; `file:///abs/path` or a plain path -> LocalStore (the folder
-    is created). To read and write only: URLs for executors are the API's (services/api/url_signing.py)."""
+    is created). To read and write only: URLs for executors are the API's (services/api/store/url_signing.py)."""
     if not store_uri:
         raise ValueError("no object store configured: set MINIONS_STORE to s3://bucket/prefix or file:///path")
     if store_uri.startswith("s3://"):

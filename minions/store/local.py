@@ -1,5 +1,5 @@
 """The local-folder object store: objects are files under one root, served to executors by the API
-through signed, expiring URLs (services/api/url_signing.py signs them with `minions.store.signing`),
+through signed, expiring URLs (services/api/store/url_signing.py signs them with `minions.store.signing`),
 so executors see the same protocol as S3. Reading and writing here needs no key and no API address.
 
 Every file operation runs in a worker thread (asyncio.to_thread): a slow disk must never stall the

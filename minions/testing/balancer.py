@@ -39,7 +39,7 @@ class Balancer(ManagedProcess):
         assert HAPROXY, MISSING
         env = {**os.environ, "MINIONS_LB_BIND": f"127.0.0.1:{self.port}",
                **{f"MINIONS_API_{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(self.backends)}}
-        with as_file(files("minions") / "infra" / "haproxy" / "haproxy.cfg") as cfg, self.log_path.open("ab") as log:
+        with as_file(files("minions.infra") / "haproxy" / "haproxy.cfg") as cfg, self.log_path.open("ab") as log:
             self.process = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], env=env, cwd=IMPORT_ROOT,
                                             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         return self

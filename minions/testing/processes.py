@@ -143,7 +143,7 @@ class Services:
             # would make other tests' counts depend on chance.
             "MINIONS_SPOT_CHECK_SHARE": "0",
             "MINIONS_TRUST_AGREEMENTS": "0",
-            # Off unless a test asks (tests/results): tests that tamper with or count per-subtask
+            # Off unless a test asks (tests/core/test_result_parts.py): tests that tamper with or count per-subtask
             # objects must not race the watchdog compacting them into parts.
             "MINIONS_COMPACT_INTERVAL_S": "0",
             "MINIONS_LOG_LEVEL": "info",

@@ -14,11 +14,11 @@ from minions import cluster_settings
 from minions.backoff import Backoff
 from minions.config import Settings, check_lease_timeout
 from minions.db.connect import CONNECTION_ERRORS, create_pool
-from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api import routes as _routes  # noqa: F401  (package marker)
+from minions.services.api.admin import teams_routes, tokens_routes, usage_routes
 from minions.services.api.appkeys import (
     CLUSTER,
+    GATEWAY,
     INPUT_READABLE,
     INPUTS,
     LEASES,
@@ -29,22 +29,27 @@ from minions.services.api.appkeys import (
     TOKENS,
     WAITERS,
 )
-from minions.services.api.auth import PRINCIPAL, TokenCache, authenticate
-from minions.services.api.claim_waiters import ClaimWaiters
-from minions.services.api.errors import ApiError, error_response
-from minions.services.api.input_cache import InputCache
-from minions.services.api.lease_facts import LeaseFacts
-from minions.services.api.routes import executors, health, leases, meta, subtasks, tasks, teams, tokens, usage
-from minions.services.api.routes import openapi as openapi_routes
-from minions.services.api.routes import store as store_routes
-from minions.services.api.routes import web as web_ui
-from minions.services.api.slow_clients import ClientLimits, body_deadline
-from minions.services.api.url_signing import signing_store
+from minions.services.api.executors import routes as executor_routes
+from minions.services.api.gateway import ApiGateway
+from minions.services.api.http.auth import PRINCIPAL, TokenCache, authenticate
+from minions.services.api.http.errors import ApiError, error_response
+from minions.services.api.http.slow_clients import ClientLimits, body_deadline
+from minions.services.api.inputs import routes as input_routes
+from minions.services.api.leasing import routes as lease_routes
+from minions.services.api.leasing.claim_waiters import ClaimWaiters
+from minions.services.api.leasing.input_cache import InputCache
+from minions.services.api.leasing.lease_facts import LeaseFacts
+from minions.services.api.meta import health_routes, meta_routes
+from minions.services.api.openapi import routes as openapi_routes
+from minions.services.api.results import routes as result_routes
+from minions.services.api.store import routes as store_routes
+from minions.services.api.store.url_signing import signing_store
+from minions.services.api.tasks import routes as task_routes
+from minions.services.api.ui import routes as ui_routes
 from minions.spot_check_settings import spot_check_session
 from minions.store.base import InvalidKey, ObjectNotFound, StoreError
 from minions.store.factory import open_store
 
-Q = Queries("api")
 log = get_logger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # inline records; larger inputs go through POST /api/v1/inputs
 PUBLIC_PATHS = ("/api/v1/health", "/api/v1/store/", "/ui/", "/api/openapi.json", "/api/docs")
@@ -66,17 +71,18 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_claim_waiters)
     app.on_shutdown.append(_release_waiting_claims)
-    app.router.add_routes(health.routes)
-    app.router.add_routes(meta.routes)
+    app.router.add_routes(health_routes.routes)
+    app.router.add_routes(meta_routes.routes)
     openai_wiring.install(app)
-    app.router.add_routes(tasks.routes)
-    app.router.add_routes(executors.routes)
-    app.router.add_routes(leases.routes)
-    app.router.add_routes(subtasks.routes)
-    app.router.add_routes(tokens.routes)
-    app.router.add_routes(usage.routes)
-    app.router.add_routes(teams.routes)
-    app.router.add_routes(web_ui.routes)
+    app.router.add_routes(task_routes.routes)
+    app.router.add_routes(result_routes.routes)
+    app.router.add_routes(input_routes.routes)
+    app.router.add_routes(executor_routes.routes)
+    app.router.add_routes(lease_routes.routes)
+    app.router.add_routes(tokens_routes.routes)
+    app.router.add_routes(usage_routes.routes)
+    app.router.add_routes(teams_routes.routes)
+    app.router.add_routes(ui_routes.routes)
     app.router.add_routes(openapi_routes.routes)
     store_routes.add_routes(app, settings.max_output_bytes)
     return app
@@ -87,14 +93,15 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     pool = await create_pool(app[SETTINGS].database_url, min_size=0, max_size=20,
                              server_settings=spot_check_session(app[SETTINGS]))
     app[POOL] = pool
+    gateway = app[GATEWAY] = ApiGateway(pool)
 
     async def output_writable(key: str) -> bool:
-        return bool(await pool.fetchval(Q.output_writable, key))
+        return await gateway.output_writable(key=key)
 
     app[OUTPUT_WRITABLE] = output_writable
 
     async def input_readable(token: uuid.UUID, start: int, end: int) -> bool:
-        return bool(await pool.fetchval(Q.input_readable, token, start, end))
+        return await gateway.input_readable(lease_token=token, start=start, end=end)
 
     app[INPUT_READABLE] = input_readable
     yield
@@ -103,7 +110,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 
 async def _store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    signing_key = await _signing_key(app[POOL])
+    signing_key = await _signing_key(app[GATEWAY])
     app[CLUSTER] = await _cluster_settings(app[POOL], settings)
     store = signing_store(open_store(settings.store, s3_endpoint_url=settings.s3_endpoint_url),
                           signing_key, settings.url_for_executors)
@@ -124,17 +131,16 @@ async def _cluster_settings(pool: asyncpg.Pool, settings: Settings) -> cluster_s
     return cluster_settings.LiveClusterSettings(pool, current)
 
 
-async def _signing_key(pool: asyncpg.Pool) -> str:
+async def _signing_key(gateway: ApiGateway) -> str:
     """The local store's URL-signing key lives in the database so every replica shares it. A service
     started before its database waits for it here, saying so, rather than crashing."""
     # The statement is read before the loop: a missing queries file is an OSError, which the loop
     # would take for an unreachable database and wait on forever (a broken install must fail).
-    statement = Q.store_signing_key
+    gateway.check_queries()
     backoff = Backoff(max_s=5.0)
     while True:
         try:
-            value: str = await pool.fetchval(statement)
-            return value
+            return await gateway.store_signing_key()
         except CONNECTION_ERRORS as exc:
             log.warning("waiting_for_database", error=str(exc))
         except (asyncpg.exceptions.UndefinedFunctionError, asyncpg.exceptions.UndefinedTableError) as exc:
@@ -165,7 +171,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     # The web UI's page and assets are public (its scripts send the token); "/" exactly, since every
     # path starts with it.
     if not (request.path == "/" or request.path.startswith(PUBLIC_PATHS)):
-        request[PRINCIPAL] = await authenticate(request, request.app[TOKENS], request.app[POOL])
+        request[PRINCIPAL] = await authenticate(request, request.app[TOKENS], request.app[GATEWAY])
     return await handler(request)
 
 

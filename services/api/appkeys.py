@@ -10,14 +10,17 @@ from aiohttp import web
 
 from minions.cluster_settings import LiveClusterSettings
 from minions.config import Settings
-from minions.services.api.auth import TokenCache
-from minions.services.api.claim_waiters import ClaimWaiters
-from minions.services.api.input_cache import InputCache
-from minions.services.api.lease_facts import LeaseFacts
-from minions.services.api.url_signing import SigningStore
+from minions.services.api.gateway import ApiGateway
+from minions.services.api.http.auth import TokenCache
+from minions.services.api.leasing.claim_waiters import ClaimWaiters
+from minions.services.api.leasing.input_cache import InputCache
+from minions.services.api.leasing.lease_facts import LeaseFacts
+from minions.services.api.store.url_signing import SigningStore
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
+# The one door to the database (gateway.py) every handler uses, on POOL.
+GATEWAY = web.AppKey("gateway", ApiGateway)
 # The cluster-wide values (lease timeout, max attempts) as the database holds them, kept current.
 CLUSTER = web.AppKey("cluster", LiveClusterSettings)
 STORE = web.AppKey("store", SigningStore)

@@ -15,10 +15,10 @@ from aiohttp.log import access_logger
 from minions import config, runtime
 from minions.logging import configure, get_logger
 from minions.services.api import prefork
-from minions.services.api.access_log import AccessLogger
 from minions.services.api.app import SchemaMissing, create_app
-from minions.services.api.connection_counts import ConnectionCounts
-from minions.services.api.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
+from minions.services.api.http.access_log import AccessLogger
+from minions.services.api.http.connection_counts import ConnectionCounts
+from minions.services.api.http.slow_clients import KEEPALIVE_S, ClientLimits, GuardedAppRunner
 
 SETTINGS = config.names_for(config.API)
 

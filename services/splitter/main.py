@@ -21,13 +21,12 @@ from minions import runtime
 from minions.backoff import Backoff
 from minions.config import SPLITTER, ConfigError, Settings, add_arguments, from_args, names_for
 from minions.db.connect import CONNECTION_ERRORS, connect
-from minions.db.queries import Queries
+from minions.services.splitter.gateway import SplitterGateway
 from minions.services.splitter.listener import Wakeup, task_listener
 from minions.services.splitter.worker import RetryBook, Worker
 from minions.store.base import ObjectStore
 from minions.store.factory import open_store
 
-Q = Queries("splitter")
 SETTINGS = names_for(SPLITTER)
 
 log = minions_logging.get_logger("splitter")
@@ -114,7 +113,7 @@ async def _signing_key(database_url: str, stop: asyncio.Event) -> str | None:
         try:
             conn = await connect(database_url)
             try:
-                key: str | None = await conn.fetchval(Q.store_signing_key)
+                key = await SplitterGateway(conn).store_signing_key()
             finally:
                 await conn.close()
             if key:

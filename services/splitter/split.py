@@ -16,13 +16,11 @@ from typing import Literal
 
 import asyncpg
 
-from minions.db.queries import Queries
 from minions.kinds import FINISHED_TASK_STATUSES
 from minions.logging import get_logger
+from minions.services.splitter.gateway import SplitStart, SplitTask, SplitterGateway
 from minions.store.base import ObjectNotFound, ObjectStore, StoreError
 from minions.subtask_cutter import Cutter, IdFinder, InputError, Subtask
-
-Q = Queries("splitter")
 
 Outcome = Literal["done", "failed", "cancelled", "skipped", "retry"]
 
@@ -56,14 +54,16 @@ async def split_task(
     batch_interval_s: float = BATCH_INTERVAL_S,
     cancel_check_s: float = CANCEL_CHECK_S,
 ) -> SplitResult:
-    """Split (or resume splitting) one task. Database errors propagate (the caller reconnects and
-    the next run resumes from the last inserted batch); input errors fail the task."""
-    begun = await conn.fetchrow(Q.begin_split, task_id)
-    if begun is None or begun["split_offset"] is None:
+    """Split (or resume splitting) one task, on the connection that holds its lock. Database errors
+    propagate (the caller reconnects and the next run resumes from the last inserted batch); input
+    errors fail the task."""
+    db = SplitterGateway(conn)
+    begun = await db.begin_split(task_id=task_id)
+    if begun is None:
         return SplitResult("skipped")
-    task = await conn.fetchrow(Q.task_for_split, task_id)
+    task = await db.task_for_split(task_id=task_id)
     assert task is not None  # begin_split just updated it
-    split = TaskSplit(conn, store, task_id, task, begun, batch_subtasks=batch_subtasks,
+    split = TaskSplit(db, store, task_id, task, begun, batch_subtasks=batch_subtasks,
                       batch_interval_s=batch_interval_s, cancel_check_s=cancel_check_s)
     return await split.run()
 
@@ -73,10 +73,10 @@ class TaskSplit:
     the input, cuts it, keeps the subtasks the last run had not inserted, and inserts them in
     batches."""
 
-    def __init__(self, conn: asyncpg.Connection, store: ObjectStore, task_id: int, task: asyncpg.Record,
-                 begun: asyncpg.Record, *, batch_subtasks: int, batch_interval_s: float,
+    def __init__(self, db: SplitterGateway, store: ObjectStore, task_id: int, task: SplitTask,
+                 begun: SplitStart, *, batch_subtasks: int, batch_interval_s: float,
                  cancel_check_s: float) -> None:
-        self.conn = conn
+        self.db = db
         self.store = store
         self.task_id = task_id
         self.uri: str = task["input_uri"]
@@ -108,14 +108,14 @@ class TaskSplit:
             self.log.warning("input_unreadable", error=str(exc))
             return self._result("retry", str(exc))
         else:
-            await self.conn.execute(Q.finish_split, self.task_id)
+            await self.db.finish_split(task_id=self.task_id)
             elapsed = max(time.monotonic() - self.started, 1e-9)
             self.log.info(
                 "split_done", subtasks=self.inserted, records=self.cutter.records, bytes=self.cutter.offset,
                 seconds=round(elapsed, 3), mb_per_s=round(self.cutter.offset / elapsed / 1e6, 2),
             )
             return self._result("done")
-        await fail_task(self.conn, self.task_id, error)
+        await self.db.fail_split(task_id=self.task_id, error=error)
         self.log.info("split_failed", reason="bad input", error=error)
         # minion_fail_split deleted whatever subtasks this or an earlier run inserted.
         return SplitResult("failed", 0, self.cutter.records, self.cutter.offset, error)
@@ -171,16 +171,15 @@ class TaskSplit:
         """Inserts the next batch; False when the task is no longer splittable."""
         items, self.pending = self.pending[: self.batch_subtasks], self.pending[self.batch_subtasks:]
         last = items[-1]
-        added = await self.conn.fetchval(
-            Q.add_subtasks,
-            self.task_id,
-            [s.byte_start for s in items],
-            [s.byte_end for s in items],
-            [s.first_record for s in items],
-            [s.records for s in items],
-            self.next_subtask_id,
-            last.byte_end,
-            last.first_record + last.records,
+        added = await self.db.add_subtasks(
+            task_id=self.task_id,
+            byte_starts=[s.byte_start for s in items],
+            byte_ends=[s.byte_end for s in items],
+            first_records=[s.first_record for s in items],
+            records=[s.records for s in items],
+            first_subtask_id=self.next_subtask_id,
+            split_offset=last.byte_end,
+            split_records=last.first_record + last.records,
         )
         self.last_db = time.monotonic()
         if not added:
@@ -196,7 +195,7 @@ class TaskSplit:
         return True
 
     async def _still_splittable(self) -> bool:
-        row = await self.conn.fetchrow(Q.task_status, self.task_id)
+        row = await self.db.task_status(task_id=self.task_id)
         self.last_db = time.monotonic()
         # Not a status test: the first claim makes a task "running" while it is still splitting.
         return row is not None and row["status"] not in FINISHED_TASK_STATUSES and not row["split_done"]
@@ -209,11 +208,6 @@ class TaskSplit:
             if first is not None and first != exc.line:
                 error += f" (first seen on line {first})"
         return error
-
-
-async def fail_task(conn: asyncpg.Connection, task_id: int, error: str) -> None:
-    """Fail a task's split: its subtasks are deleted, the task is failed with `error`."""
-    await conn.execute(Q.fail_split, task_id, error)
 
 
 async def _read(store: ObjectStore, uri: str, start: int = 0) -> AsyncGenerator[bytes, None]:

@@ -16,13 +16,11 @@ import asyncpg
 
 from minions.backoff import Backoff
 from minions.db.connect import CONNECTION_ERRORS, connect
-from minions.db.queries import Queries
 from minions.logging import get_logger
+from minions.services.splitter.gateway import SplitterGateway
 from minions.services.splitter.listener import Wakeup
-from minions.services.splitter.split import SplitResult, fail_task, split_task
+from minions.services.splitter.split import SplitResult, split_task
 from minions.store.base import ObjectStore
-
-Q = Queries("splitter")
 
 SWEEP_LIMIT = 100  # tasks looked at per sweep query; a full page triggers another sweep
 # An input that stays unreadable (bucket gone, no permission) fails its task after this many tries.
@@ -107,6 +105,7 @@ class Worker:
     async def _serve(self, conn: asyncpg.Connection, backoff: Backoff) -> None:
         # Every open task is looked at on (re)connecting, when asked and every sweep interval; between
         # those, only the tasks notifications named: a wake-up costs O(named), not O(tasks queued).
+        db = SplitterGateway(conn)
         swept_at = -math.inf  # never: the first look is a sweep
         sweeps_done = self.wakeup.sweeps_asked
         while True:
@@ -114,60 +113,61 @@ class Worker:
             asked = self.wakeup.sweeps_asked
             named = self.wakeup.take_named()
             if asked != sweeps_done or time.monotonic() - swept_at >= self.sweep_interval_s:
-                await self._sweep(conn)
+                await self._sweep(db)
                 swept_at, sweeps_done = time.monotonic(), asked
             else:
-                await self._split_sweep(conn)
+                await self._split_sweep(db)
             # After a sweep too: it looks at one page of tasks, and a named one may lie past it.
-            await self._settle_named(conn, named)
+            await self._settle_named(db, named)
             backoff.reset()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(),
                                        timeout=max(0.0, swept_at + self.sweep_interval_s - time.monotonic()))
 
-    async def _sweep(self, conn: asyncpg.Connection) -> None:
-        await self._split_sweep(conn)
-        await self._settle_sweep(conn)
+    async def _sweep(self, db: SplitterGateway) -> None:
+        await self._split_sweep(db)
+        await self._settle_sweep(db)
 
-    async def _settle_sweep(self, conn: asyncpg.Connection) -> None:
+    async def _settle_sweep(self, db: SplitterGateway) -> None:
         """Ends the tasks whose last closes ran side by side and could not tell which was last
         (sql/schema/04_tasks.sql): each in its own statement, waiting for those closes."""
-        for row in await conn.fetch(Q.settle_candidates, SWEEP_LIMIT):
-            await self._settle(conn, row["id"])
+        for task_id in await db.settle_candidates(limit=SWEEP_LIMIT):
+            await self._settle(db, task_id)
 
-    async def _settle_named(self, conn: asyncpg.Connection, task_ids: list[int]) -> None:
+    async def _settle_named(self, db: SplitterGateway, task_ids: list[int]) -> None:
         """The same for the tasks notifications named, those of them that may have ended."""
         if task_ids:
-            for row in await conn.fetch(Q.settle_candidates_among, task_ids):
-                await self._settle(conn, row["id"])
+            for task_id in await db.settle_candidates_among(task_ids=task_ids):
+                await self._settle(db, task_id)
 
-    async def _settle(self, conn: asyncpg.Connection, task_id: int) -> None:
-        if await conn.fetchval(Q.settle_waiting, task_id):
+    async def _settle(self, db: SplitterGateway, task_id: int) -> None:
+        if await db.settle_waiting(task_id=task_id):
             self.log.info("task_settled", task_id=task_id)
 
-    async def _split_sweep(self, conn: asyncpg.Connection) -> None:
+    async def _split_sweep(self, db: SplitterGateway) -> None:
         while True:
-            task_ids = [row["id"] for row in await conn.fetch(Q.unsplit_tasks, SWEEP_LIMIT)]
+            task_ids = await db.unsplit_tasks(limit=SWEEP_LIMIT)
             progressed = False
             for task_id in task_ids:
                 if self.retries.waiting(task_id):
                     continue
-                if not await conn.fetchval(Q.try_lock_task, task_id):
+                if not await db.try_lock_task(task_id=task_id):
                     continue  # another splitter (or worker) has it
-                result = await self._split_locked(conn, task_id)
-                await conn.fetchval(Q.unlock_task, task_id)
+                result = await self._split_locked(db, task_id)
+                await db.unlock_task(task_id=task_id)
                 progressed = progressed or result.outcome != "skipped"
             if not progressed or len(task_ids) < SWEEP_LIMIT:
                 return
 
-    async def _split_locked(self, conn: asyncpg.Connection, task_id: int) -> SplitResult:
+    async def _split_locked(self, db: SplitterGateway, task_id: int) -> SplitResult:
         try:
-            result = await split_task(conn, self.store, task_id)
+            # On the connection that holds the task's lock.
+            result = await split_task(db.conn, self.store, task_id)
         except Exception as exc:
             # A lost connection is retried at once, after the reconnect (the split resumes); any
             # other failure waits its turn in the retry book, so a task that trips a bug cannot
             # keep the worker spinning.
-            if not lost_connection(conn, exc):
+            if not lost_connection(db.conn, exc):
                 self.retries.failed(task_id)
             raise
         if result.outcome != "retry":
@@ -177,6 +177,6 @@ class Worker:
         if tries >= MAX_STORE_ATTEMPTS:
             error = f"input unreadable after {tries} attempts: {result.error}"
             self.log.error("input_given_up", task_id=task_id, error=error)
-            await fail_task(conn, task_id, error)
+            await db.fail_split(task_id=task_id, error=error)
             self.retries.forget(task_id)
         return result

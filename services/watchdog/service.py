@@ -24,16 +24,15 @@ from minions.backoff import Backoff
 from minions.config import Settings
 from minions.db.connect import CONNECTION_ERRORS, connect
 from minions.db.listen import Listener
-from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.result_parts import compact_completed
 from minions.retention import run_retention
 from minions.services.watchdog.deadlines import Deadlines
+from minions.services.watchdog.gateway import WatchdogGateway
 from minions.spot_check_settings import spot_check_session
 from minions.store.base import StoreError
 from minions.store_gc import GcReport, collect_garbage, connected_store
 
-Q = Queries("watchdog")
 log = get_logger(__name__)
 CHANNEL = "heartbeats"
 
@@ -135,15 +134,16 @@ class Watchdog:
             if interval <= 0:
                 with contextlib.suppress(*CONNECTION_ERRORS, asyncpg.PostgresError):
                     conn = await connect(self.settings.database_url)
-                    await conn.execute(Q.fair_share_off)
+                    await WatchdogGateway(conn).fair_share_off()
                 log.info("fair_share_off", reason="MINIONS_FAIR_SHARE_INTERVAL_S=0")
                 return
             async for _ in self._ticks(interval):
                 try:
                     if conn is None or conn.is_closed():
                         conn = await connect(self.settings.database_url)
-                    await conn.fetchval(Q.fair_share_cycle, self.settings.fair_share_half_life_s,
-                                        self.settings.fair_share_round, self.settings.starvation_s)
+                    await WatchdogGateway(conn).fair_share_cycle(
+                        half_life_s=self.settings.fair_share_half_life_s,
+                        turns_per_round=self.settings.fair_share_round, starving_s=self.settings.starvation_s)
                 except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     log.warning("fair_share_failed", error=str(exc))
                     if conn is not None:
@@ -242,35 +242,37 @@ class Watchdog:
         self._wake.set()
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
+        db = WatchdogGateway(conn)
         current = await cluster_settings.read(conn)
         if current.lease_timeout_s != self.lease_timeout_s:
             log.info("lease_timeout_changed", lease_timeout_s=current.lease_timeout_s)
             self.lease_timeout_s = current.lease_timeout_s
-        reclaimed = await conn.fetchval(Q.reclaim_expired)
+        reclaimed = await db.reclaim_expired()
         self._count(reclaimed, "sweep")
-        if unpinned := await conn.fetchval(Q.unpin_idle_tasks):
+        if unpinned := await db.unpin_idle_tasks():
             log.info("model_pins_released", tasks=unpinned)
-        if orphaned := await conn.fetchval(Q.release_orphan_pins, self.settings.pin_release_s):
+        if orphaned := await db.release_orphan_pins(after_s=self.settings.pin_release_s):
             log.warning("orphan_model_pins_released", tasks=orphaned, after_s=self.settings.pin_release_s)
         settings = self.settings
-        if overage := await conn.fetchval(Q.end_overage_leases, settings.lease_age_factor, settings.lease_age_floor_s,
-                                          settings.lease_age_ceilings, settings.quarantine_after):
+        if overage := await db.end_overage_leases(factor=settings.lease_age_factor, floor_s=settings.lease_age_floor_s,
+                                                  ceilings=settings.lease_age_ceilings,
+                                                  quarantine_after=settings.quarantine_after):
             log.warning("leases_ended_over_age", leases=overage)
-        if stale := await conn.fetchval(Q.settle_stale_checks, self.settings.spot_check_wait_s):
+        if stale := await db.settle_stale_checks(wait_s=self.settings.spot_check_wait_s):
             log.warning("spot_checks_ended_unfinished", subtasks=stale, wait_s=self.settings.spot_check_wait_s)
-        if rerun := await conn.fetchval(Q.settle_quarantines):
+        if rerun := await db.settle_quarantines():
             log.warning("quarantines_settled", subtasks_rerun=rerun)
-        rows = await conn.fetch(Q.lease_holders)
-        self.deadlines.replace_all({r["executor_id"]: r["remaining_s"] for r in rows})
+        self.deadlines.replace_all(await db.lease_holders())
 
     async def _reclaim(self, conn: asyncpg.Connection, executor_id: uuid.UUID) -> None:
-        reclaimed = await conn.fetchval(Q.reclaim_executor, executor_id)
+        db = WatchdogGateway(conn)
+        reclaimed = await db.reclaim_executor(executor_id=executor_id)
         if reclaimed:
             self._count(reclaimed, "deadline", executor_id=str(executor_id))
             self.deadlines.forget(executor_id)
             return
         # Not silent after all (a heartbeat we have not heard yet), or no lease left: re-read.
-        row = await conn.fetchrow(Q.holder_remaining, executor_id)
+        row = await db.holder_remaining(executor_id=executor_id)
         if row is None or row["leases"] == 0:
             self.deadlines.forget(executor_id)
         else:

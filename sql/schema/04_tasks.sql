@@ -200,59 +200,56 @@ LANGUAGE sql STABLE AS $$
     SELECT id FROM minion_tasks_to_settle WHERE id = ANY (p_ids) ORDER BY id
 $$;
 
--- Submission is one SQL function, like every other state change. A task submitted without its own
--- max_attempts gets the cluster's (minion_max_attempts()). A small task can be split in the same
--- transaction: the API cuts its inline records and passes the subtasks' byte ranges, so they are
--- claimable the moment this commits, with no splitter hop. NULL ranges: the splitter splits it (big
--- inputs, inputs by URI). Returns the new task's row, already split when ranges were given; no row
--- when the name is taken (the caller answers like a re-submission).
-CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text,
-    p_model text, p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer,
-    p_input_uri text, p_request_hash text, p_created_by bigint,
+-- Every task is created here, whoever asks (a submission, an OpenAI batch or request, a verification):
+-- one INSERT with the cluster's max_attempts for a task without its own. Given its subtasks' byte ranges
+-- it is created already split, its subtasks in the same transaction and claimable the moment this
+-- commits, with no splitter hop; NULL ranges: the splitter splits it. Returns the new task's id, or
+-- NULL when the name is taken (each caller answers that its own way).
+CREATE FUNCTION minion_create_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
+    p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
+    p_request_hash text, p_created_by bigint, p_placement text DEFAULT 'any',
     p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
     p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL)
-RETURNS SETOF tasks LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     n integer := coalesce(cardinality(p_byte_starts), 0);
     tid bigint;
 BEGIN
     INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by,
+                       input_uri, request_hash, created_by, placement,
                        status, split_done, open_subtasks, subtasks_total, split_offset, split_records)
     VALUES (p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
-            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by,
+            coalesce(p_max_attempts, minion_max_attempts()), p_input_uri, p_request_hash, p_created_by, p_placement,
             CASE WHEN n > 0 THEN 'queued' ELSE 'submitted' END, n > 0, n, n,
             CASE WHEN n > 0 THEN p_byte_ends[n] ELSE 0 END,
             CASE WHEN n > 0 THEN (SELECT sum(r) FROM unnest(p_records) AS r) ELSE 0 END)
     ON CONFLICT (team, project, name) DO NOTHING
     RETURNING id INTO tid;
-    IF tid IS NULL THEN
-        RETURN;
-    END IF;
-    IF n > 0 THEN
+    IF tid IS NOT NULL AND n > 0 THEN
         INSERT INTO subtasks (task_id, subtask_id, team, project, task_name, capability, priority,
                               byte_start, byte_end, first_record, records)
         SELECT tid, i - 1, p_team, p_project, p_name, minion_capability(p_kind, p_model), p_priority,
                p_byte_starts[i], p_byte_ends[i], p_first_records[i], p_records[i]
           FROM generate_subscripts(p_byte_starts, 1) AS i;
     END IF;
-    RETURN QUERY SELECT * FROM tasks WHERE id = tid;
+    RETURN tid;
 END $$;
 
--- The API's submission: minion_submit_task above, and the inline records themselves when they are
--- kept in the database (p_input_data; p_input_uri is then NULL, and the task must be split now:
--- p_input_data's ranges are given, and they end where its bytes do; the splitter never reads a kept
--- input). p_input_quota: the team's quota of stored input bytes (MINIONS_TEAM_INPUT_QUOTA_BYTES, 0:
--- none), which kept inputs count against like objects: a kept input past it raises 'quota_exceeded'
--- (SQLSTATE 53400), and nothing is committed. p_placement: who may lease it (tasks.placement).
+-- The API's submission: minion_create_task, and the inline records themselves when they are kept in
+-- the database (p_input_data; p_input_uri is then NULL, and the task must be split now: p_input_data's
+-- ranges are given, and they end where its bytes do; the splitter never reads a kept input).
+-- p_input_quota: the team's quota of stored input bytes (MINIONS_TEAM_INPUT_QUOTA_BYTES, 0: none),
+-- which kept inputs count against like objects: a kept input past it raises 'quota_exceeded' (SQLSTATE
+-- 53400), and nothing is committed. p_placement: who may lease it (tasks.placement). Returns the new
+-- task's row; no row when the name is taken (the caller answers like a re-submission).
 CREATE FUNCTION minion_submit_task(p_team text, p_project text, p_name text, p_kind text, p_model text,
     p_params jsonb, p_priority integer, p_subtask_size integer, p_max_attempts integer, p_input_uri text,
-    p_request_hash text, p_created_by bigint, p_byte_starts bigint[], p_byte_ends bigint[],
-    p_first_records bigint[], p_records integer[], p_input_data bytea, p_input_quota bigint DEFAULT 0,
-    p_placement text DEFAULT 'any')
+    p_request_hash text, p_created_by bigint, p_byte_starts bigint[] DEFAULT NULL, p_byte_ends bigint[] DEFAULT NULL,
+    p_first_records bigint[] DEFAULT NULL, p_records integer[] DEFAULT NULL, p_input_data bytea DEFAULT NULL,
+    p_input_quota bigint DEFAULT 0, p_placement text DEFAULT 'any')
 RETURNS SETOF tasks LANGUAGE plpgsql AS $$
 DECLARE
-    t tasks%ROWTYPE;
+    tid bigint;
 BEGIN
     IF p_input_data IS NOT NULL AND NOT coalesce(p_input_uri IS NULL AND cardinality(p_byte_ends) > 0
                                                  AND p_byte_ends[cardinality(p_byte_ends)] = length(p_input_data),
@@ -260,14 +257,12 @@ BEGIN
         RAISE EXCEPTION 'a kept input needs no input_uri and the subtasks of all its bytes'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO t FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority,
-                                            p_subtask_size, p_max_attempts, p_input_uri, p_request_hash,
-                                            p_created_by, p_byte_starts, p_byte_ends, p_first_records, p_records);
-    IF NOT FOUND THEN
+    -- Placed in this very insert: no claim can see the task before it is placed.
+    tid := minion_create_task(p_team, p_project, p_name, p_kind, p_model, p_params, p_priority, p_subtask_size,
+                              p_max_attempts, p_input_uri, p_request_hash, p_created_by, p_placement,
+                              p_byte_starts, p_byte_ends, p_first_records, p_records);
+    IF tid IS NULL THEN
         RETURN;  -- the name is taken: answered as a re-submission, quota or not
-    END IF;
-    IF p_placement <> 'any' THEN  -- in this transaction: no claim can see the task before it is placed
-        UPDATE tasks SET placement = p_placement WHERE id = t.id RETURNING * INTO t;
     END IF;
     IF p_input_data IS NOT NULL THEN
         -- Last, so the team's count is held locked for as little as can be.
@@ -277,9 +272,9 @@ BEGIN
                 RAISE EXCEPTION 'quota_exceeded' USING ERRCODE = 'configuration_limit_exceeded';
             END IF;
         END IF;
-        INSERT INTO task_inputs (task_id, team, data) VALUES (t.id, p_team, p_input_data);
+        INSERT INTO task_inputs (task_id, team, data) VALUES (tid, p_team, p_input_data);
     END IF;
-    RETURN NEXT t;
+    RETURN QUERY SELECT * FROM tasks WHERE id = tid;
 END $$;
 
 -- Cancel: pending, leased and checking subtasks become cancelled at once (a checking one's held

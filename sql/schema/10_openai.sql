@@ -11,7 +11,8 @@ CREATE FUNCTION minion_openai_delete_file(p_id text) RETURNS text LANGUAGE sql A
     UPDATE openai_files SET deleted_at = now() WHERE id = p_id AND deleted_at IS NULL RETURNING uri
 $$;
 
--- A batch that passed validation: its task and the batch in one step (no task without its batch).
+-- A batch that passed validation: its task (minion_create_task) and the batch in one step (no task
+-- without its batch). The task is named by the batch's id, fresh: a taken name is a unique_violation.
 CREATE FUNCTION minion_openai_submit_batch(p_id text, p_team text, p_project text, p_kind text, p_model text,
     p_params jsonb, p_subtask_size integer, p_max_attempts integer, p_input_uri text, p_endpoint text,
     p_input_file_id text, p_window text, p_window_s double precision, p_metadata jsonb,
@@ -21,12 +22,12 @@ DECLARE
     v_task bigint;
 BEGIN
     -- metadata.placement 'trusted' (checked by the API): only vouched executors lease it.
-    INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts,
-                       input_uri, request_hash, created_by, placement)
-    VALUES (p_team, p_project, p_id, p_kind, p_model, p_params, p_priority, p_subtask_size, p_max_attempts,
-            p_input_uri, p_id, p_created_by,
-            CASE WHEN p_metadata ->> 'placement' = 'trusted' THEN 'trusted' ELSE 'any' END)
-    RETURNING id INTO v_task;
+    v_task := minion_create_task(p_team, p_project, p_id, p_kind, p_model, p_params, p_priority, p_subtask_size,
+                                 p_max_attempts, p_input_uri, p_id, p_created_by,
+                                 CASE WHEN p_metadata ->> 'placement' = 'trusted' THEN 'trusted' ELSE 'any' END);
+    IF v_task IS NULL THEN
+        RAISE EXCEPTION 'task % already exists', p_id USING ERRCODE = 'unique_violation';
+    END IF;
     INSERT INTO openai_batches (id, team, task_id, endpoint, input_file_id, completion_window, metadata,
                                 request_total, record_total, created_by, in_progress_at, expires_at)
     VALUES (p_id, p_team, v_task, p_endpoint, p_input_file_id, p_window, p_metadata, p_request_total,
@@ -109,9 +110,8 @@ CREATE TRIGGER tasks_notify_interactive_ended AFTER UPDATE OF finished_at ON tas
                        AND NEW.priority = 10000)
     EXECUTE FUNCTION minion_notify_interactive_ended();
 
--- The interactive lane's task: a submission of one subtask (bytes [0, p_bytes) of its input,
--- p_records records), split at insert like any other, so the splitter, woken by the task's NOTIFY,
--- finds it already split and leaves it.
+-- The interactive lane's task: one subtask (bytes [0, p_bytes) of its input, p_records records), created
+-- split (minion_create_task), so the splitter, woken by the task's NOTIFY, finds it split and leaves it.
 CREATE FUNCTION minion_openai_submit_interactive(p_team text, p_project text, p_name text,
     p_kind text, p_model text, p_params jsonb, p_max_attempts integer, p_input_uri text, p_bytes bigint,
     p_records integer, p_created_by bigint)
@@ -119,12 +119,11 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_task bigint;
 BEGIN
-    SELECT id INTO v_task
-      FROM minion_submit_task(p_team, p_project, p_name, p_kind, p_model, p_params,
-                              minion_openai_interactive_priority(), greatest(p_records, 1), p_max_attempts,
-                              p_input_uri, p_name, p_created_by,
-                              ARRAY[0::bigint], ARRAY[p_bytes], ARRAY[0::bigint], ARRAY[p_records]);
-    IF NOT FOUND THEN  -- as the plain insert it replaces did: the lane's names are fresh uuids
+    v_task := minion_create_task(p_team, p_project, p_name, p_kind, p_model, p_params,
+                                 minion_openai_interactive_priority(), greatest(p_records, 1), p_max_attempts,
+                                 p_input_uri, p_name, p_created_by, 'any',
+                                 ARRAY[0::bigint], ARRAY[p_bytes], ARRAY[0::bigint], ARRAY[p_records]);
+    IF v_task IS NULL THEN  -- the lane's names are fresh uuids
         RAISE EXCEPTION 'task % already exists', p_name USING ERRCODE = 'unique_violation';
     END IF;
     RETURN v_task;

@@ -625,14 +625,11 @@ BEGIN
     IF subtasks = 0 THEN
         RETURN;
     END IF;
-    INSERT INTO tasks (team, project, name, kind, model, params, priority, subtask_size, max_attempts, input_uri,
-                       request_hash, created_by, placement)
-    VALUES (t.team, t.project, p_name, t.kind,
-            CASE WHEN t.fingerprint_from_revision THEN t.model || '@' || t.fingerprint ELSE t.model END,
-            t.params, t.priority, t.subtask_size, t.max_attempts, t.input_uri, 'verify:' || t.request_hash,
-            p_created_by, 'trusted')
-    ON CONFLICT (team, project, name) DO NOTHING
-    RETURNING id INTO new_id;
+    new_id := minion_create_task(t.team, t.project, p_name, t.kind,
+                                 CASE WHEN t.fingerprint_from_revision THEN t.model || '@' || t.fingerprint
+                                      ELSE t.model END,
+                                 t.params, t.priority, t.subtask_size, t.max_attempts, t.input_uri,
+                                 'verify:' || t.request_hash, p_created_by, 'trusted');
     IF new_id IS NULL THEN
         subtasks := -1;
         RETURN;

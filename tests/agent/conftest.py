@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="session")
 def tiny_lm_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """The tiny LM saved twice: without a chat template ("plain") and with one ("chat")."""
-    from tests.agent import tiny_lm
+    from minions.testing import tiny_lm
 
     root = tmp_path_factory.mktemp("tiny-lm")
     yield {

@@ -15,7 +15,7 @@ from minions.agents.macos.runners.completion import CompletionParams
 from minions.agents.macos.runners.completion_proof import PROOF_EVERY, proof_positions
 from minions.agents.macos.runners.torch_setup import TorchSettings
 from minions.agents.macos.runners.transformers_completion import TransformersCompletionRunner
-from tests.agent import tiny_lm
+from minions.testing import tiny_lm
 from tests.agent.factories import subtask
 
 RECORDS: list[dict[str, Any]] = [{"id": i, "prompt": p} for i, p in enumerate(

@@ -272,7 +272,7 @@ async def test_a_completion_liar_is_caught_by_proofs_of_generation(database_url:
     differ. Two real agents on the transformers backend commit proofs of generation with each result,
     and a replica verifies them with a prefill pass; a liar that answers made-up text with a made-up
     proof is outvoted and quarantined, and none of its texts is committed."""
-    from tests.agent import tiny_lm
+    from minions.testing import tiny_lm
 
     model = str(await asyncio.to_thread(tiny_lm.build, tmp_path / "tiny"))
     records = [{"id": i, "prompt": f"the machine number {i} is"} for i in range(40)]

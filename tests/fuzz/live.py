@@ -24,7 +24,7 @@ from minions.config import Settings
 from minions.db.connect import connect
 from minions.embedded_pg import free_port
 from minions.services.api.app import create_app
-from minions.services.api.routes import openapi as openapi_routes
+from minions.services.api.openapi import routes as openapi_routes
 from minions.testing.factories import make_task, make_token
 from minions.testing.sleep_executor import SleepExecutor
 

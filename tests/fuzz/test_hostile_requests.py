@@ -18,7 +18,7 @@ import requests
 import schemathesis
 from hypothesis import strategies as st
 
-from minions.services.api.openapi import JSONL_MEDIA_TYPES, document
+from minions.services.api.openapi.document import JSONL_MEDIA_TYPES, document
 from tests.fuzz.live import LiveApi, aim_at_served_model
 
 EXAMPLES = int(os.environ.get("MINIONS_FUZZ_HOSTILE_EXAMPLES", "30"))

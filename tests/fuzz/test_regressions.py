@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from minions.services.api.openapi import document
+from minions.services.api.openapi.document import document
 from tests.fuzz.live import FUZZ_MODEL, QUEUED, LiveApi
 
 SLEEP_TASK = {"team": "search", "project": "ranker", "name": "regression", "kind": "sleep",

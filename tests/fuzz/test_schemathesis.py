@@ -1,4 +1,4 @@
-"""Fuzzing the live API against its OpenAPI document (services/api/openapi.py) with schemathesis.
+"""Fuzzing the live API against its OpenAPI document (services/api/openapi/document.py) with schemathesis.
 
 Every operation gets valid and invalid requests (the examples, coverage and fuzzing phases), sent to a
 real server over a real socket, and each response is checked: no 5xx, a status code, content type,
@@ -23,7 +23,7 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis.core.parameters import ParameterLocation
 
-from minions.services.api.openapi import JSONL_MEDIA_TYPES, document
+from minions.services.api.openapi.document import JSONL_MEDIA_TYPES, document
 from tests.fuzz.live import LiveApi, Seeds, aim_at_served_model
 
 EXAMPLES = int(os.environ.get("MINIONS_FUZZ_EXAMPLES", "100"))

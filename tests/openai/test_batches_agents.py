@@ -16,8 +16,8 @@ import numpy as np
 
 from minions import jsoncodec
 from minions.sample import embedding_records
+from minions.testing import tiny_lm
 from minions.testing.waiting import eventually
-from tests.agent import tiny_lm
 from tests.openai.conftest import MINILM, OpenAICluster, openai_cluster
 
 

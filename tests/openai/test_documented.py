@@ -1,6 +1,6 @@
 """/v1 is OpenAI's contract: every /v1 route the app serves is listed in docs/OPENAI.md (what of it
 is supported), and nothing listed there is unrouted. (The OpenAPI document describes them too, as this
-server takes and answers them: tests/test_openapi.py keeps it in step with the router.)"""
+server takes and answers them: tests/api/test_openapi.py keeps it in step with the router.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bounded memory on every route: every JSON body of the API, not /v1's alone, is bounded
-in JSON values before it is decoded (services/api/json_bounds.py, through bodies.json_object), and
+in JSON values before it is decoded (services/api/http/json_bounds.py, through bodies.json_object), and
 the routes whose bodies are small by nature have caps that fit them (413 before a byte is decoded).
 
 A hostile executor's complete (the one executor route that keeps the API's 64 MiB cap: it carries
@@ -17,11 +17,11 @@ import asyncpg
 import pytest
 
 from minions import jsoncodec
+from minions.services.api.admin.tokens_routes import MAX_CREATION_BYTES
 from minions.services.api.app import refused_value
-from minions.services.api.bodies import TOKEN_LIST_BYTES
-from minions.services.api.json_bounds import MAX_VALUES
-from minions.services.api.routes.leases import MAX_FAILURE_BATCH_BYTES, MAX_FAILURE_BYTES
-from minions.services.api.routes.tokens import MAX_CREATION_BYTES
+from minions.services.api.http.bodies import TOKEN_LIST_BYTES
+from minions.services.api.http.json_bounds import MAX_VALUES
+from minions.services.api.leasing.routes import MAX_FAILURE_BATCH_BYTES, MAX_FAILURE_BYTES
 from minions.testing.processes import Services
 from tests.security.test_inline_memory import _reset_peak, _rss, _settle
 from tests.support.api import ApiHarness, running_api

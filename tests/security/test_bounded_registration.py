@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from minions.db.connect import connect
-from minions.services.api.routes.executors import MAX_HARDWARE_BYTES, MAX_REGISTRATION_BYTES
+from minions.services.api.executors.registration import MAX_HARDWARE_BYTES, MAX_REGISTRATION_BYTES
 from minions.testing.factories import make_token
 from tests.support.api import ApiHarness, Reply, running_api
 

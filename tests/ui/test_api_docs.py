@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minions.services.api.routes.openapi import DOCS_PATH
+from minions.services.api.openapi.routes import DOCS_PATH
 from tests.support.api import running_api
 
 CHROMIUM = os.environ.get("MINIONS_CHROMIUM", "/usr/bin/chromium")

@@ -9,26 +9,25 @@ from typing import Any
 
 from aiohttp import web
 
-from minions.db.queries import Queries
 from minions.kinds import DEFAULT_SUBTASK_SIZE
 from minions.logging import get_logger
 from minions.names import is_name
 from minions.nul import NUL_RULE
-from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE
-from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import json_object, query_int
-from minions.services.api.errors import ApiError, conflict, invalid, not_found
+from minions.services.api.appkeys import CLUSTER, SETTINGS, STORE
+from minions.services.api.http.auth import Principal, require
+from minions.services.api.http.bodies import json_object, query_int
+from minions.services.api.http.errors import ApiError, conflict, invalid, not_found
+from minions.services.api.http.responses import json_response
 from minions.services.api.openai.files import file_row
 from minions.services.api.openai.finalize import settle
+from minions.services.api.openai.gateway import openai_gateway
 from minions.services.api.openai.lines import batched, bounded_lines
 from minions.services.api.openai.objects import batch_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import ENDPOINT_KIND, new_id
 from minions.services.api.openai.validate import InputCheck
-from minions.services.api.priority_cap import capped, refused_above_cap
-from minions.services.api.responses import json_response
+from minions.services.api.tasks.priority_cap import capped, refused_above_cap
 from minions.task_fields import PLACEMENTS
 
-Q = Queries("openai")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 DEFAULT_TEAM = "openai"  # for a token scoped to no team, unless metadata names one
@@ -115,10 +114,10 @@ async def create_batch(request: web.Request) -> web.Response:
     assert isinstance(endpoint, str) and window_s is not None
     metadata = body.get("metadata") or {}
     team, project, priority = _placement(principal, metadata)
-    pool = request.app[POOL]
+    gateway = openai_gateway(request.app)
     if capped(principal):  # before the input is read or copied; the submission judges it again
         with refused_above_cap(team, priority):
-            await pool.fetchval(Q.priority_within_cap, team, priority, True)
+            await gateway.priority_within_cap(team=team, priority=priority, capped=True)
     source = await file_row(request, principal, body["input_file_id"])
     if source["purpose"] != "batch":
         raise invalid({"input_file_id": f"the file's purpose is {source['purpose']}, not batch"})
@@ -132,46 +131,50 @@ async def create_batch(request: web.Request) -> web.Response:
     kind = ENDPOINT_KIND[endpoint]
     if check.requests == 0:
         check.error(1, "empty_file", "the input file holds no requests")
-    elif check.model is not None and not await pool.fetchval(Q.model_known, kind, check.model):
+    elif check.model is not None and not await gateway.model_known(kind=kind, model=check.model):
         # Only a model no executor ever advertised fails here: one the pool knows waits for an
         # executor within the batch's window (volunteer machines sleep, an agent may be loading).
         check.error(check.model_line, "model_not_found",
                     f"no executor serves {kind} with model {check.model!r} (none ever advertised it; "
                     "GET /v1/models lists those known)", "body.model")
-    args = (batch_id, team, endpoint, source["id"], body["completion_window"], window_s, body.get("metadata"))
     if check.errors:
         await store.delete(input_uri)
         if check.error_count > len(check.errors):
             check.errors.append({"code": "too_many_errors", "line": None, "param": None,
                                  "message": f"{check.error_count - len(check.errors)} more errors not shown"})
-        await pool.execute(Q.reject_batch, *args, check.errors, check.requests, principal.token_id)
+        await gateway.reject_batch(batch_id=batch_id, team=team, endpoint=endpoint, input_file_id=source["id"],
+                                   window=body["completion_window"], window_s=window_s,
+                                   metadata=body.get("metadata"), errors=check.errors,
+                                   request_total=check.requests, created_by=principal.token_id)
         log.info("openai_batch_rejected", batch_id=batch_id, errors=check.error_count)
     else:
         assert check.model is not None
         try:
             with refused_above_cap(team, priority):
-                await pool.execute(Q.submit_batch, batch_id, team, project, kind, check.model, check.params,
-                                   DEFAULT_SUBTASK_SIZE[kind], cluster.max_attempts, input_uri, endpoint,
-                                   source["id"], body["completion_window"], window_s, body.get("metadata"),
-                                   check.requests, check.records_total, principal.token_id, priority,
-                                   capped(principal))
+                await gateway.submit_batch(
+                    batch_id=batch_id, team=team, project=project, kind=kind, model=check.model,
+                    params=check.params, subtask_size=DEFAULT_SUBTASK_SIZE[kind], max_attempts=cluster.max_attempts,
+                    input_uri=input_uri, endpoint=endpoint, input_file_id=source["id"],
+                    window=body["completion_window"], window_s=window_s, metadata=body.get("metadata"),
+                    request_total=check.requests, record_total=check.records_total, created_by=principal.token_id,
+                    priority=priority, capped=capped(principal))
         except ApiError:  # the cap was lowered since the check above: the copy is nobody's
             await store.delete(input_uri)
             raise
         log.info("openai_batch_submitted", batch_id=batch_id, team=team, project=project, requests=check.requests)
-    return json_response(batch_object(await pool.fetchrow(Q.batch_by_id, batch_id)))
+    return json_response(batch_object(await gateway.batch_by_id(batch_id=batch_id)))
 
 
 async def _batch_row(request: web.Request, principal: Principal) -> Any:
     batch_id = request.match_info["batch_id"]
     if "\x00" in batch_id:
         raise not_found(f"batch {batch_id!r}")  # no id holds one (and the database takes none)
-    pool = request.app[POOL]
-    row = await pool.fetchrow(Q.batch_by_id, batch_id)
+    gateway = openai_gateway(request.app)
+    row = await gateway.batch_by_id(batch_id=batch_id)
     if row is None or not visible(principal, row["team"]):
         raise not_found(f"batch {batch_id}")
     if await settle(request, row):
-        row = await pool.fetchrow(Q.batch_by_id, batch_id)
+        row = await gateway.batch_by_id(batch_id=batch_id)
     return row
 
 
@@ -185,24 +188,24 @@ async def show_batch(request: web.Request) -> web.Response:
 async def cancel_batch(request: web.Request) -> web.Response:
     principal = require(request, "user")
     row = await _batch_row(request, principal)
-    pool = request.app[POOL]
-    if not await pool.fetchval(Q.end_batch, row["id"], "cancel"):
+    batch_id = row["id"]
+    gateway = openai_gateway(request.app)
+    if not await gateway.end_batch(batch_id=batch_id, ending="cancel"):
         status = batch_object(row)["status"]
         if status not in ("cancelling", "cancelled"):
             raise conflict("batch_finished", f"batch is {status}; only a batch in progress can be cancelled")
     else:
-        log.info("openai_batch_cancelled", batch_id=row["id"])
-    row = await pool.fetchrow(Q.batch_by_id, row["id"])
-    await settle(request, row)
-    return json_response(batch_object(await pool.fetchrow(Q.batch_by_id, row["id"])))
+        log.info("openai_batch_cancelled", batch_id=batch_id)
+    await settle(request, await gateway.batch_by_id(batch_id=batch_id))
+    return json_response(batch_object(await gateway.batch_by_id(batch_id=batch_id)))
 
 
 @routes.get("/v1/batches")
 async def list_batches(request: web.Request) -> web.Response:
     principal = require(request, "user")
     limit = query_int(request, "limit", 20, 1, 100)
-    rows = await request.app[POOL].fetch(Q.list_batches, team_scope(principal), query_text(request, "after"),
-                                         limit + 1)
+    rows = await openai_gateway(request.app).list_batches(team=team_scope(principal),
+                                                          after=query_text(request, "after"), limit=limit + 1)
     data = [batch_object(r) for r in rows[:limit]]
     return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                           "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})

@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from minions.services.api import json_bounds
-from minions.services.api.bodies import decode_object, read_within
-from minions.services.api.errors import ApiError, bad_request, invalid
+from minions.services.api.http import json_bounds
+from minions.services.api.http.bodies import decode_object, read_within
+from minions.services.api.http.errors import ApiError, bad_request, invalid
 from minions.services.api.openai.translate import LineError
 
 MAX_INPUTS = 2048  # per embeddings request, as OpenAI's

@@ -1,4 +1,4 @@
-"""The /v1 operations in the API's OpenAPI document (services/api/openapi.py merges them in): OpenAI's
+"""The /v1 operations in the API's OpenAPI document (services/api/openapi/document.py merges them in): OpenAI's
 shapes as this server takes and answers them, so that tests/fuzz holds /v1 to them like the rest.
 
 Request schemas are the server's own checks (translate.py, batches.py, files.py, bounds.py):
@@ -15,11 +15,11 @@ from minions.services.api.openai.batches import MAX_BODY_BYTES
 from minions.services.api.openai.bounds import MAX_INPUTS
 from minions.services.api.openai.files import PURPOSES
 from minions.services.api.openai.translate import ENDPOINT_KIND, ROLE_MAP
-from minions.services.api.openapi_parts import JSON, Schema
-from minions.services.api.openapi_parts import error as _error
-from minions.services.api.openapi_parts import ok as _ok
-from minions.services.api.openapi_parts import ref as _ref
-from minions.services.api.openapi_parts import responses as _responses
+from minions.services.api.openapi.parts import JSON, Schema
+from minions.services.api.openapi.parts import error as _error
+from minions.services.api.openapi.parts import ok as _ok
+from minions.services.api.openapi.parts import ref as _ref
+from minions.services.api.openapi.parts import responses as _responses
 
 JSONL = "application/jsonl"
 NO_NUL = r"^[^\u0000]*$"

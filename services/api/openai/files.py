@@ -6,24 +6,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from minions.db.queries import Queries
 from minions.logging import get_logger
 from minions.nul import without_nul
-from minions.services.api import inputs
-from minions.services.api.appkeys import POOL, SETTINGS, STORE
-from minions.services.api.auth import Principal, require
-from minions.services.api.bodies import query_int
-from minions.services.api.errors import ApiError, invalid, not_found
+from minions.services.api.appkeys import GATEWAY, SETTINGS, STORE
+from minions.services.api.http.auth import Principal, require
+from minions.services.api.http.bodies import query_int
+from minions.services.api.http.errors import ApiError, invalid, not_found
+from minions.services.api.http.responses import json_response
+from minions.services.api.inputs import rules as inputs
+from minions.services.api.openai.gateway import FileRow, openai_gateway
 from minions.services.api.openai.objects import file_object, query_text, team_scope, visible
 from minions.services.api.openai.translate import new_id
-from minions.services.api.responses import json_response
 
-Q = Queries("openai")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 PURPOSES = ("batch",)  # what clients upload; outputs are written as "batch_output"
@@ -32,10 +30,10 @@ MULTIPART_OVERHEAD = 64 * 1024  # a body's bytes besides the file's: boundaries,
 SHORT_FIELD = 64
 
 
-async def file_row(request: web.Request, principal: Principal, file_id: str) -> Any:
+async def file_row(request: web.Request, principal: Principal, file_id: str) -> FileRow:
     if "\x00" in file_id:
         raise not_found(f"file {file_id!r}")  # no id holds one (and the database takes none)
-    row = await request.app[POOL].fetchrow(Q.file_by_id, file_id)
+    row = await openai_gateway(request.app).file_by_id(file_id=file_id)
     if row is None or not visible(principal, row["team"]):
         raise not_found(f"file {file_id}")  # other teams' files do not exist for you
     return row
@@ -48,8 +46,9 @@ async def upload_file(request: web.Request) -> web.Response:
     principal = require(request, "user")
     if request.content_type != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data with fields purpose and file")
-    store, pool, settings = request.app[STORE], request.app[POOL], request.app[SETTINGS]
-    cap, over = await inputs.upload_cap(pool, settings, principal.team, None)
+    store, settings = request.app[STORE], request.app[SETTINGS]
+    gateway = openai_gateway(request.app)
+    cap, over = await inputs.upload_cap(request.app[GATEWAY], settings, principal.team, None)
     if request.content_length is not None and request.content_length > cap + MULTIPART_OVERHEAD:
         raise over  # refused before a byte is stored
     purpose: str | None = None
@@ -94,14 +93,16 @@ async def upload_file(request: web.Request) -> web.Response:
     # A file name is informational: kept, made storable (PostgreSQL text holds neither NUL nor
     # unpaired surrogates).
     filename = without_nul(filename).encode("utf-8", "replace").decode("utf-8")[:512]
-    verdict = await pool.fetchval(Q.add_file_within_quota, file_id, principal.team, purpose, filename, size, uri,
-                                  principal.token_id, settings.team_input_quota_bytes)
-    if verdict != "ok":  # a concurrent upload took the room meanwhile
+    if not await gateway.add_file_within_quota(file_id=file_id, team=principal.team, purpose=purpose,
+                                               filename=filename, size=size, uri=uri,
+                                               created_by=principal.token_id,
+                                               quota=settings.team_input_quota_bytes):
+        # A concurrent upload took the room meanwhile.
         await store.delete(uri)
-        used = int(await pool.fetchval(Q.team_input_bytes, principal.team))
+        used = await gateway.team_input_bytes(team=principal.team)
         raise inputs.quota_exceeded(principal.team, used, settings.team_input_quota_bytes)
     log.info("openai_file_uploaded", file_id=file_id, bytes=size)
-    return json_response(file_object(await pool.fetchrow(Q.file_by_id, file_id)))
+    return json_response(file_object(await gateway.file_by_id(file_id=file_id)))
 
 
 async def _short_text(part: BodyPartReader) -> str:
@@ -123,8 +124,9 @@ async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
 async def list_files(request: web.Request) -> web.Response:
     principal = require(request, "user")
     limit = query_int(request, "limit", 10000, 1, 10000)
-    rows = await request.app[POOL].fetch(Q.list_files, team_scope(principal), query_text(request, "purpose"),
-                                         query_text(request, "after"), limit + 1)
+    rows = await openai_gateway(request.app).list_files(team=team_scope(principal),
+                                                        purpose=query_text(request, "purpose"),
+                                                        after=query_text(request, "after"), limit=limit + 1)
     data = [file_object(r) for r in rows[:limit]]
     return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                           "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})
@@ -154,7 +156,7 @@ async def delete_file(request: web.Request) -> web.Response:
     principal = require(request, "user")
     file_id = request.match_info["file_id"]
     await file_row(request, principal, file_id)
-    uri = await request.app[POOL].fetchval(Q.delete_file, file_id)
+    uri = await openai_gateway(request.app).delete_file(file_id=file_id)
     if uri is None:
         raise not_found(f"file {file_id}")
     # Safe while a batch runs: a batch reads its input file once, at submission, into its task's

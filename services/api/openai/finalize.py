@@ -14,14 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import POOL, STORE
+from minions.services.api.appkeys import GATEWAY, STORE
+from minions.services.api.openai.gateway import openai_gateway
 from minions.services.api.openai.lines import batched, lines_of
 from minions.services.api.openai.translate import new_id, parse_result, response_body
-from minions.services.api.routes import tasks as task_routes
+from minions.services.api.results.reading import result_chunks
 
-Q = Queries("openai")
 log = get_logger(__name__)
 STALE_FINALIZER_S = 600.0
 WAIT_FOR_FINALIZER_S = 2.0  # a read waits this long for a finalization it started, then answers
@@ -43,11 +42,11 @@ async def settle(request: web.Request, row: Any) -> bool:
     caller reads the row again)."""
     if row["task_id"] is None or _ended(row):
         return False
-    pool = request.app[POOL]
+    gateway = openai_gateway(request.app)
     changed = False
     if row["task_finished_at"] is None and row["ending"] is None and row["expires_at"] < datetime.now(UTC):
-        changed = bool(await pool.fetchval(Q.end_batch, row["id"], "expire"))
-    if await pool.fetchval(Q.begin_finalize, row["id"], STALE_FINALIZER_S):
+        changed = await gateway.end_batch(batch_id=row["id"], ending="expire")
+    if await gateway.begin_finalize(batch_id=row["id"], stale_s=STALE_FINALIZER_S):
         job = asyncio.create_task(_finalize(request, row["id"]))
         _running.add(job)
         job.add_done_callback(_running.discard)
@@ -62,15 +61,17 @@ def _ended(row: Any) -> bool:
 
 
 async def _finalize(request: web.Request, batch_id: str) -> None:
-    pool = request.app[POOL]
+    gateway = openai_gateway(request.app)
     try:
-        batch = await pool.fetchrow(Q.batch_by_id, batch_id)
-        task = await pool.fetchrow(Q.task_row, batch["task_id"])
+        batch = await gateway.batch_by_id(batch_id=batch_id)
+        assert batch is not None  # begin_finalize just took it, and no batch row is ever deleted
+        task = await gateway.task_row(task_id=batch["task_id"])
         reason = _REASONS.get(batch["ending"] or "", ("server_error", "failed"))
         tally = Tally()
         output_id = await _write_file(request, batch, task, reason, "output", tally)
         error_id = await _write_file(request, batch, task, reason, "error", Tally())
-        await pool.execute(Q.finish_batch, batch_id, output_id, error_id, tally.completed, tally.failed)
+        await gateway.finish_batch(batch_id=batch_id, output_file_id=output_id, error_file_id=error_id,
+                                   completed=tally.completed, failed=tally.failed)
         log.info("openai_batch_finalized", batch_id=batch_id, completed=tally.completed, failed=tally.failed)
     except Exception:
         # Left to a later read: begin_finalize retakes it once stale.
@@ -87,8 +88,9 @@ async def _write_file(request: web.Request, batch: Any, task: Any, reason: tuple
         await store.delete(uri)
         return None
     filename = f"{batch['id']}_{which}.jsonl"
-    await request.app[POOL].execute(Q.add_file, file_id, batch["team"], "batch_output", filename, size, uri,
-                                    batch["created_by"])
+    await openai_gateway(request.app).add_file(file_id=file_id, team=batch["team"], purpose="batch_output",
+                                               filename=filename, size=size, uri=uri,
+                                               created_by=batch["created_by"])
     return file_id
 
 
@@ -97,7 +99,7 @@ async def _output_lines(request: web.Request, batch: Any, task: Any, reason: tup
     """The lines of the output (`which` = "output") or error file, in input order: the task's input
     records zipped with its results (one result line per record, failures included)."""
     store = request.app[STORE]
-    results = lines_of(task_routes._result_chunks(request, task))
+    results = lines_of(result_chunks(request.app[GATEWAY], store, task))
     records = lines_of(store.read(task["input_uri"]))
     created = int(task["finished_at"].timestamp())
     async for line in records:

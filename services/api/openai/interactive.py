@@ -16,12 +16,13 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.db.queries import Queries
 from minions.logging import get_logger
-from minions.services.api.appkeys import CLUSTER, POOL, SETTINGS, STORE, WAITERS
-from minions.services.api.auth import require
-from minions.services.api.errors import ApiError, invalid
+from minions.services.api.appkeys import CLUSTER, GATEWAY, SETTINGS, STORE, WAITERS
+from minions.services.api.http.auth import require
+from minions.services.api.http.errors import ApiError, invalid
+from minions.services.api.http.responses import json_response
 from minions.services.api.openai.bounds import MAX_INPUTS, read_request
+from minions.services.api.openai.gateway import openai_gateway
 from minions.services.api.openai.lines import lines_of
 from minions.services.api.openai.model_errors import model_not_found, no_executor
 from minions.services.api.openai.translate import (
@@ -32,10 +33,8 @@ from minions.services.api.openai.translate import (
     parse_result,
     response_body,
 )
-from minions.services.api.responses import json_response
-from minions.services.api.routes import tasks as task_routes
+from minions.services.api.results.reading import result_chunks
 
-Q = Queries("openai")
 log = get_logger(__name__)
 routes = web.RouteTableDef()
 DEFAULT_TEAM = "openai"
@@ -45,7 +44,7 @@ WAIT_S = 300.0  # longest a request waits for its executor before it is cancelle
 
 class TaskEnds:
     """Handlers waiting for their task's end, woken by NOTIFY on `task_ended` (a ChannelListener of
-    the API's one LISTEN connection, services/api/claim_waiters.py)."""
+    the API's one LISTEN connection, services/api/leasing/claim_waiters.py)."""
 
     channel = "task_ended"
 
@@ -87,10 +86,10 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
         raise invalid({exc.param or "body": exc.message}) from None
     if endpoint == "/v1/embeddings" and len(parsed.records) > MAX_INPUTS:
         raise invalid({"input": f"at most {MAX_INPUTS} inputs per request"})
-    pool, store, cluster = request.app[POOL], request.app[STORE], request.app[CLUSTER]
+    gateway, store, cluster = openai_gateway(request.app), request.app[STORE], request.app[CLUSTER]
     ends = request.app[TASK_ENDS]
     kind = ENDPOINT_KIND[endpoint]
-    availability = await pool.fetchrow(Q.model_availability, kind, parsed.model)
+    availability = await gateway.model_availability(kind=kind, model=parsed.model)
     if not availability["known"]:
         raise model_not_found(parsed.model, kind)
     if not availability["online"]:
@@ -101,15 +100,17 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
     name = new_id("req_")
     data = b"".join(jsoncodec.dumps_line(r) for r in parsed.records)
     input_uri = await store.put_bytes(f"inputs/openai/{name}.jsonl", data)
-    submitted = await pool.fetchrow(Q.submit_interactive, principal.team or DEFAULT_TEAM, PROJECT, name, kind,
-                                    parsed.model, parsed.params, cluster.max_attempts, input_uri, len(data),
-                                    len(parsed.records), principal.token_id)
+    submitted = await gateway.submit_interactive(team=principal.team or DEFAULT_TEAM, project=PROJECT, name=name,
+                                                 kind=kind, model=parsed.model, params=parsed.params,
+                                                 max_attempts=cluster.max_attempts, input_uri=input_uri,
+                                                 size=len(data), records=len(parsed.records),
+                                                 created_by=principal.token_id)
     # Its subtask is claimable now: this process's waiting claims start at once (the NOTIFY wakes
     # those of the other API processes).
     request.app[WAITERS].wake(submitted["capability"])
     task = await _ended(request, ends, submitted["task_id"])
-    results = [parse_result(line) async for line in lines_of(task_routes._result_chunks(request, task))
-               if line.strip()]
+    chunks = result_chunks(request.app[GATEWAY], request.app[STORE], task)
+    results = [parse_result(line) async for line in lines_of(chunks) if line.strip()]
     outcome = response_body(endpoint, body, results)
     if outcome.body is None:
         assert outcome.error is not None
@@ -123,13 +124,14 @@ async def _answer(request: web.Request, endpoint: str) -> web.Response:
 async def _ended(request: web.Request, ends: TaskEnds, task_id: int) -> Any:
     """The task's row once it has ended. Registered before the first look, so an end notified in
     between is not missed; a request that waits too long (or whose client leaves) is cancelled."""
-    pool = request.app[POOL]
+    gateway = openai_gateway(request.app)
     finished = False
     try:
         with ends.waiting(task_id) as event:
             deadline = asyncio.get_running_loop().time() + WAIT_S
             while True:
-                task = await pool.fetchrow(Q.task_row, task_id)
+                task = await gateway.task_row(task_id=task_id)
+                assert task is not None  # this request's own task (a task is deleted only once ended)
                 if task["finished_at"] is not None:
                     finished = True
                     return task
@@ -141,7 +143,7 @@ async def _ended(request: web.Request, ends: TaskEnds, task_id: int) -> Any:
                 event.clear()
     finally:
         if not finished:  # timed out, or the client hung up: nobody will read the answer
-            await asyncio.shield(pool.fetchval(Q.cancel_task, task_id))
+            await asyncio.shield(gateway.cancel_task(task_id=task_id))
 
 
 @routes.post("/v1/embeddings")

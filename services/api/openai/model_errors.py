@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from minions import jsoncodec
-from minions.services.api.errors import ApiError
+from minions.services.api.http.errors import ApiError
 
 RETRY_AFTER_S = "5"
 

@@ -8,19 +8,17 @@ from typing import Any
 
 from aiohttp import web
 
-from minions.db.queries import Queries
-from minions.services.api.appkeys import POOL
-from minions.services.api.auth import require
+from minions.services.api.http.auth import require
+from minions.services.api.http.responses import json_response
+from minions.services.api.openai.gateway import ModelRow, openai_gateway
 from minions.services.api.openai.model_errors import model_not_found
 from minions.services.api.openai.objects import unix
-from minions.services.api.responses import json_response
 
-Q = Queries("openai")
 routes = web.RouteTableDef()
 OWNER = "minions"
 
 
-def model_object(row: Any) -> dict[str, Any]:
+def model_object(row: ModelRow) -> dict[str, Any]:
     return {"id": row["model"], "object": "model", "created": unix(row["advertised_at"]), "owned_by": OWNER,
             "kinds": list(row["kinds"]), "online": row["online"]}
 
@@ -28,7 +26,7 @@ def model_object(row: Any) -> dict[str, Any]:
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     require(request, "user")
-    rows = await request.app[POOL].fetch(Q.known_models, None)
+    rows = await openai_gateway(request.app).known_models(model=None)
     return json_response({"object": "list", "data": [model_object(r) for r in rows]})
 
 
@@ -40,7 +38,7 @@ async def show_model(request: web.Request) -> web.Response:
     model = request.match_info["model"]  # aiohttp decoded it (%2F included)
     if "\x00" in model:
         raise model_not_found(model)  # no model holds one (and the database takes none)
-    rows = await request.app[POOL].fetch(Q.known_models, model)
+    rows = await openai_gateway(request.app).known_models(model=model)
     if not rows:
         raise model_not_found(model)
     return json_response(model_object(rows[0]))

@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from minions.nul import NUL_RULE
-from minions.services.api.auth import Principal
-from minions.services.api.errors import invalid
+from minions.services.api.http.auth import Principal
+from minions.services.api.http.errors import invalid
 
 
 def unix(value: datetime | None) -> int | None:
