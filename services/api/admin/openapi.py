@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from minions.services.api.openapi.components import AUTHED as _AUTHED
 from minions.services.api.openapi.components import BODY as _BODY
-from minions.services.api.openapi.components import NO_NUL
+from minions.services.api.openapi.components import NO_NUL, operation, path_item
 from minions.services.api.openapi.components import integer as _int
 from minions.services.api.openapi.components import json_body as _json_body
 from minions.services.api.openapi.components import name as _name
@@ -139,14 +139,12 @@ def schemas() -> dict[str, Schema]:
 
 def usage_path() -> dict[str, Schema]:
     return {
-        "/api/v1/usage": {"get": {
-            "operationId": "getUsage",
-            "tags": ["usage"],
-            "summary": "Compute used per team, given per executor or owner",
-            "description": "Every attempt that ended in the window, its compute-seconds charged to the team whose "
-                           "task it ran and credited to the executor (and owner) that ran it; docs/API.md says "
-                           "how each outcome counts.",
-            "parameters": [
+        "/api/v1/usage": path_item(get=operation(
+            "getUsage", "usage", "Compute used per team, given per executor or owner",
+            description="Every attempt that ended in the window, its compute-seconds charged to the team whose "
+                        "task it ran and credited to the executor (and owner) that ran it; docs/API.md says "
+                        "how each outcome counts.",
+            parameters=[
                 _query_param("since", {"type": "string", "pattern": SINCE_PATTERN, "default": DEFAULT_SINCE},
                              f"The window back from now: {SINCE_RULE}."),
                 _query_param("team", _name("team"), "Only this team's usage (default: the token's team; an "
@@ -154,80 +152,70 @@ def usage_path() -> dict[str, Schema]:
                 _query_param("by", {"type": "string", "enum": list(USAGE_BY), "default": "team"},
                              "One row per team, per executor or per owner."),
             ],
-            "responses": _responses(_ok(_ref("Usage"), "The usage, most compute first."), _AUTHED,
-                                    e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
-                                    e422="`since`, `by` or `team` breaks its rule (named in `fields`)."),
-        }},
+            responses=_responses(_ok(_ref("Usage"), "The usage, most compute first."), _AUTHED,
+                                 e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
+                                 e422="`since`, `by` or `team` breaks its rule (named in `fields`)."),
+        )),
     }
 
 
 def team_paths() -> dict[str, Schema]:
     return {
-        "/api/v1/teams": {"get": {
-            "operationId": "listTeamShares",
-            "tags": ["teams"],
-            "summary": "Each known team's share of the pool: weight, priority cap, lease cap",
-            "description": "A team is known once a token, task or executor names it. An admin, or a user "
-                           "scoped to no team, sees every known team; a team's user sees its own.",
-            "responses": _responses(_ok(_ref("TeamShareList"), "The teams, by name."), _AUTHED,
-                                    e403="Not a user token (`wrong_role`)."),
-        }},
-        "/api/v1/teams/{team}": {
-            "parameters": [_path_param("team", _name("team"), "A known team.")],
-            "patch": {
-                "operationId": "setTeamShare",
-                "tags": ["teams"],
-                "summary": "Set a team's weight, priority cap or lease cap (admin)",
-                "requestBody": _json_body(_ref("TeamShareChange"), "The values to change."),
-                "responses": _responses(
+        "/api/v1/teams": path_item(get=operation(
+            "listTeamShares", "teams", "Each known team's share of the pool: weight, priority cap, lease cap",
+            description="A team is known once a token, task or executor names it. An admin, or a user "
+                        "scoped to no team, sees every known team; a team's user sees its own.",
+            responses=_responses(_ok(_ref("TeamShareList"), "The teams, by name."), _AUTHED,
+                                 e403="Not a user token (`wrong_role`)."),
+        )),
+        "/api/v1/teams/{team}": path_item(
+            [_path_param("team", _name("team"), "A known team.")],
+            patch=operation(
+                "setTeamShare", "teams", "Set a team's weight, priority cap or lease cap (admin)",
+                request_body=_json_body(_ref("TeamShareChange"), "The values to change."),
+                responses=_responses(
                     _ok(_ref("TeamShare"), "The team's share as it is now."), _AUTHED, _BODY,
                     e403="Not an admin token (`wrong_role`).",
                     e422="A value breaks its rule, an unknown field or an empty body (`invalid`, each named in "
                          "`fields`); or no token, task or executor names the team (`unknown_team`): nothing "
                          "is changed.",
                 ),
-            },
-        },
+            ),
+        ),
     }
 
 
 def token_paths() -> dict[str, Schema]:
     return {
-        "/api/v1/tokens": {
-            "get": {
-                "operationId": "listTokens",
-                "tags": ["tokens"],
-                "summary": "List tokens (never their secrets)",
-                "parameters": [_query_param("status", {"type": "string", "enum": ["active", "expired", "revoked"]},
-                                            "Only tokens in this state.")],
-                "responses": _responses(_ok(_ref("TokenList"), "The tokens, oldest first."), _AUTHED,
-                                        e403="Not an admin token (`wrong_role`).",
-                                        e422="Not a known status."),
-            },
-            "post": {
-                "operationId": "createToken",
-                "tags": ["tokens"],
-                "summary": "Create a token, optionally expiring",
-                "requestBody": _json_body(_ref("TokenRequest"), "Its role, team scope, label and lifetime."),
-                "responses": _responses(_ok(_ref("CreatedToken"), "Created; the secret is shown this once.", "201"),
-                                        _AUTHED, _BODY, e403="Not an admin token (`wrong_role`).",
-                                        e422="Invalid values, each named in `fields`."),
-            },
-        },
-        "/api/v1/tokens/{token_id}/revoke": {
-            "parameters": [_path_param("token_id", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-                                       "The token's id (`GET /api/v1/tokens`).")],
-            "post": {
-                "operationId": "revokeToken",
-                "tags": ["tokens"],
-                "summary": "Revoke a token: every API process refuses it within a second",
-                "responses": _responses(
+        "/api/v1/tokens": path_item(
+            get=operation(
+                "listTokens", "tokens", "List tokens (never their secrets)",
+                parameters=[_query_param("status", {"type": "string", "enum": ["active", "expired", "revoked"]},
+                                         "Only tokens in this state.")],
+                responses=_responses(_ok(_ref("TokenList"), "The tokens, oldest first."), _AUTHED,
+                                     e403="Not an admin token (`wrong_role`).",
+                                     e422="Not a known status."),
+            ),
+            post=operation(
+                "createToken", "tokens", "Create a token, optionally expiring",
+                request_body=_json_body(_ref("TokenRequest"), "Its role, team scope, label and lifetime."),
+                responses=_responses(_ok(_ref("CreatedToken"), "Created; the secret is shown this once.", "201"),
+                                     _AUTHED, _BODY, e403="Not an admin token (`wrong_role`).",
+                                     e422="Invalid values, each named in `fields`."),
+            ),
+        ),
+        "/api/v1/tokens/{token_id}/revoke": path_item(
+            [_path_param("token_id", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                         "The token's id (`GET /api/v1/tokens`).")],
+            post=operation(
+                "revokeToken", "tokens", "Revoke a token: every API process refuses it within a second",
+                responses=_responses(
                     _ok(_ref("Token"), "Revoked (revoking a revoked token changes nothing)."), _AUTHED,
                     e403="Not an admin token (`wrong_role`).",
                     e404="No such token.",
                     e409="The token of this very request (`own_token`): revoke it with another admin token "
                          "or `minions token revoke`.",
                 ),
-            },
-        },
+            ),
+        ),
     }

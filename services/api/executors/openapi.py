@@ -12,6 +12,7 @@ from minions.services.api.openapi.components import json_body as _json_body
 from minions.services.api.openapi.components import name as _name
 from minions.services.api.openapi.components import nullable as _nullable
 from minions.services.api.openapi.components import object_schema as _object
+from minions.services.api.openapi.components import operation, path_item
 from minions.services.api.openapi.components import query_param as _query_param
 from minions.services.api.openapi.components import timestamp as _timestamp
 from minions.services.api.openapi.parts import Schema
@@ -25,27 +26,23 @@ EXECUTOR_STATUSES = ["online", "busy", "idle", "offline", "lost"]
 
 def list_path() -> dict[str, Schema]:
     return {
-        "/api/v1/executors": {"get": {
-            "operationId": "listExecutors",
-            "tags": ["executors"],
-            "summary": "Executors and what they are doing",
-            "parameters": [_query_param("team", _name("team"),
-                                        "Executors that may work for this team (default: the token's team).")],
-            "responses": _responses(_ok(_ref("ExecutorList"), "The executors."), _AUTHED,
-                                    e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
-                                    e422="Not a valid team name."),
-        }},
+        "/api/v1/executors": path_item(get=operation(
+            "listExecutors", "executors", "Executors and what they are doing",
+            parameters=[_query_param("team", _name("team"),
+                                     "Executors that may work for this team (default: the token's team).")],
+            responses=_responses(_ok(_ref("ExecutorList"), "The executors."), _AUTHED,
+                                 e403="Not a user token (`wrong_role`), or another team (`wrong_team`).",
+                                 e422="Not a valid team name."),
+        )),
     }
 
 
 def register_path() -> dict[str, Schema]:
     return {
-        "/api/v1/executors/register": {"post": {
-            "operationId": "registerExecutor",
-            "tags": ["executor protocol"],
-            "summary": "Register an executor (or update it)",
-            "requestBody": _json_body(_ref("ExecutorRegistration"), "The machine and what it serves."),
-            "responses": _responses(
+        "/api/v1/executors/register": path_item(post=operation(
+            "registerExecutor", "executor protocol", "Register an executor (or update it)",
+            request_body=_json_body(_ref("ExecutorRegistration"), "The machine and what it serves."),
+            responses=_responses(
                 _ok(_ref("Registered"), "Registered: its id and the protocol timings.", "201"), _AUTHED, _BODY,
                 {"429": {**_error("The token registered `MINIONS_REGISTRATIONS_PER_MINUTE` new executor names in "
                                   "the last minute (`too_many_registrations`); retry after `Retry-After` seconds."),
@@ -54,34 +51,24 @@ def register_path() -> dict[str, Schema]:
                 e403="Not an executor token (`wrong_role`), or the token holds "
                      "`MINIONS_MAX_EXECUTORS_PER_TOKEN` executor names already (`too_many_executors`).",
                 e422="Invalid values, each named in `fields` (a `hardware` over 8,192 bytes of JSON among them)."),
-        }},
+        )),
     }
 
 
 def release_and_deregister_paths() -> dict[str, Schema]:
     return {
-        "/api/v1/executors/{executor_id}/release": {
-            "parameters": _EXECUTOR_ID,
-            "post": {
-                "operationId": "releaseExecutor",
-                "tags": ["executors"],
-                "summary": "Lift an executor's quarantine (admin)",
-                "description": "It claims again, its results checked until it earns trust again.",
-                "responses": _responses(_ok(_object({"executor_id": {"type": "string", "format": "uuid"},
-                                                     "quarantined": {"type": "boolean"}}), "Released."),
-                                        _AUTHED, e403="Not an admin token (`wrong_role`).",
-                                        e409="Not quarantined, or no such executor (`not_quarantined`)."),
-            },
-        },
-        "/api/v1/executors/{executor_id}/deregister": {
-            "parameters": _EXECUTOR_ID,
-            "post": {
-                "operationId": "deregister",
-                "tags": ["executor protocol"],
-                "summary": "Go offline, releasing every lease",
-                "responses": _responses(_ok(_ref("Deregistered"), "Offline."), _AUTHED, **_EXECUTOR_ERRORS),
-            },
-        },
+        "/api/v1/executors/{executor_id}/release": path_item(_EXECUTOR_ID, post=operation(
+            "releaseExecutor", "executors", "Lift an executor's quarantine (admin)",
+            description="It claims again, its results checked until it earns trust again.",
+            responses=_responses(_ok(_object({"executor_id": {"type": "string", "format": "uuid"},
+                                              "quarantined": {"type": "boolean"}}), "Released."),
+                                 _AUTHED, e403="Not an admin token (`wrong_role`).",
+                                 e409="Not quarantined, or no such executor (`not_quarantined`)."),
+        )),
+        "/api/v1/executors/{executor_id}/deregister": path_item(_EXECUTOR_ID, post=operation(
+            "deregister", "executor protocol", "Go offline, releasing every lease",
+            responses=_responses(_ok(_ref("Deregistered"), "Offline."), _AUTHED, **_EXECUTOR_ERRORS),
+        )),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from minions.kinds import ATTEMPT_OUTCOMES, KINDS, RUNNING_ATTEMPT, SUBTASK_STATES, TASK_STATUSES
 from minions.services.api.openapi.components import AUTHED as _AUTHED
 from minions.services.api.openapi.components import object_schema as _object
+from minions.services.api.openapi.components import operation, path_item
 from minions.services.api.openapi.parts import Schema
 from minions.services.api.openapi.parts import ok as _ok
 from minions.services.api.openapi.parts import ref as _ref
@@ -14,20 +15,15 @@ from minions.services.api.openapi.parts import responses as _responses
 
 def paths() -> dict[str, Schema]:
     return {
-        "/api/v1/health": {"get": {
-            "operationId": "health",
-            "tags": ["health"],
-            "summary": "Whether the API is up and reaches its database",
-            "security": [],
-            "responses": _responses(_ok(_ref("Health"), "Up, and the database answers."),
-                                    {"503": {"$ref": "#/components/responses/DatabaseUnavailable"}}),
-        }},
-        "/api/v1/meta": {"get": {
-            "operationId": "meta",
-            "tags": ["meta"],
-            "summary": "The task kinds (params, default subtask sizes) and the task statuses",
-            "responses": _responses(_ok(_ref("Meta"), "What this server knows."), _AUTHED),
-        }},
+        "/api/v1/health": path_item(get=operation(
+            "health", "health", "Whether the API is up and reaches its database", security=[],
+            responses=_responses(_ok(_ref("Health"), "Up, and the database answers."),
+                                 {"503": {"$ref": "#/components/responses/DatabaseUnavailable"}}),
+        )),
+        "/api/v1/meta": path_item(get=operation(
+            "meta", "meta", "The task kinds (params, default subtask sizes) and the task statuses",
+            responses=_responses(_ok(_ref("Meta"), "What this server knows."), _AUTHED),
+        )),
     }
 
 

@@ -1,7 +1,7 @@
 """What several resources' parts of the /api/v1 document share (tasks/openapi.py, leasing/openapi.py, …):
-schema builders, the path parameters and error groups of more than one resource, and the shared
-components (the Error schema, the middlewares' responses, the bearer scheme). parts.py holds what the
-/v1 document shares too."""
+schema builders, the operation and path-item builders every part writes its operations with, the path
+parameters and error groups of more than one resource, and the shared components (the Error schema, the
+middlewares' responses, the bearer scheme). parts.py holds what the /v1 document shares too."""
 
 from __future__ import annotations
 
@@ -45,6 +45,26 @@ def object_schema(properties: Schema, required: list[str] | None = None, **extra
 def timestamp(nullable: bool = False) -> Schema:
     schema: Schema = {"type": "string", "format": "date-time"}
     return {**schema, "nullable": True} if nullable else schema
+
+
+def operation(operation_id: str, tag: str, summary: str, *, responses: dict[str, Schema],
+              security: list[Schema] | None = None, description: str | None = None,
+              parameters: list[Schema] | None = None, request_body: Schema | None = None) -> Schema:
+    """One operation: what is particular to it, its keys in the one order every operation of the
+    document has always had (the served bytes stay the same)."""
+    schema: Schema = {"operationId": operation_id, "tags": [tag], "summary": summary}
+    # `security=[]` (no token needed) is kept: only an absent one inherits the document's.
+    optional = {"security": security, "description": description, "parameters": parameters,
+                "requestBody": request_body}
+    schema.update((key, value) for key, value in optional.items() if value is not None)
+    schema["responses"] = responses
+    return schema
+
+
+def path_item(parameters: list[Schema] | None = None, **operations: Schema) -> Schema:
+    """A path's operations (`get=operation(...)`, in the order given), after the path parameters
+    they share, if any."""
+    return {"parameters": parameters, **operations} if parameters is not None else operations
 
 
 # Errors that the middlewares can give any operation that needs a token.

@@ -4,7 +4,7 @@ openapi/document.py assembles it."""
 from __future__ import annotations
 
 from minions.services.api.openapi.components import AUTHED as _AUTHED
-from minions.services.api.openapi.components import NDJSON
+from minions.services.api.openapi.components import NDJSON, operation, path_item
 from minions.services.api.openapi.components import TASK_ERRORS as _TASK_ERRORS
 from minions.services.api.openapi.components import TASK_PATH as _TASK_PATH
 from minions.services.api.openapi.components import object_schema as _object
@@ -16,41 +16,36 @@ from minions.services.api.openapi.parts import responses as _responses
 
 def paths() -> dict[str, Schema]:
     return {
-        "/api/v1/tasks/{team}/{project}/{name}/results": {
-            "parameters": _TASK_PATH,
-            "get": {
-                "operationId": "taskResults",
-                "tags": ["tasks"],
-                "summary": "The results, one JSON line per input record, in input order",
-                "parameters": [_query_param("partial", {"type": "string", "default": "false"},
-                                            "`true` (or `1`, `yes`; any case) streams what is committed so far, "
-                                            "before the task ends; any other value is false."),
-                               _query_param("format", {"type": "string", "enum": ["jsonl", "npy", "parts"],
-                                                       "default": "jsonl"},
-                                            "`npy`: an embedding task's vectors as one NumPy array (float32, "
-                                            "little-endian, one row per input record, NaN rows for records "
-                                            "with no vector), once the task has ended. `parts`: a completed "
-                                            "task's results as presigned GETs of a few large parts (JSON), "
-                                            "whose concatenation is the JSONL stream.")],
-                "responses": _responses(
-                    {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
-                                            "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`; "
-                                            "with `format=npy`, a .npy file; with `format=parts`, the "
-                                            "`ResultParts` listing.",
-                             "content": {NDJSON: {"schema": {"type": "string"}},
-                                         "application/octet-stream": {"schema": {"type": "string",
-                                                                                 "format": "binary"}},
-                                         JSON: {"schema": _ref("ResultParts")}}}},
-                    _AUTHED, **_TASK_ERRORS,
-                    e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
-                         "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
-                         "vector (`no_vectors`), or a stored result among its first 1000 is not a vector "
-                         "of the task's length (`malformed_result`: committed before complete checked "
-                         "shapes; one past them breaks the response off).",
-                    e422="`format` is not `jsonl`, `npy` or `parts`.",
-                ),
-            },
-        },
+        "/api/v1/tasks/{team}/{project}/{name}/results": path_item(_TASK_PATH, get=operation(
+            "taskResults", "tasks", "The results, one JSON line per input record, in input order",
+            parameters=[_query_param("partial", {"type": "string", "default": "false"},
+                                     "`true` (or `1`, `yes`; any case) streams what is committed so far, "
+                                     "before the task ends; any other value is false."),
+                        _query_param("format", {"type": "string", "enum": ["jsonl", "npy", "parts"],
+                                                "default": "jsonl"},
+                                     "`npy`: an embedding task's vectors as one NumPy array (float32, "
+                                     "little-endian, one row per input record, NaN rows for records "
+                                     "with no vector), once the task has ended. `parts`: a completed "
+                                     "task's results as presigned GETs of a few large parts (JSON), "
+                                     "whose concatenation is the JSONL stream.")],
+            responses=_responses(
+                {"200": {"description": "JSON lines: `{\"id\", \"embedding\"}`, `{\"id\", \"text\", \"usage\"}`, "
+                                        "`{\"id\", \"slept_ms\"}`, or `{\"id\", \"error\"}`; "
+                                        "with `format=npy`, a .npy file; with `format=parts`, the "
+                                        "`ResultParts` listing.",
+                         "content": {NDJSON: {"schema": {"type": "string"}},
+                                     "application/octet-stream": {"schema": {"type": "string",
+                                                                             "format": "binary"}},
+                                     JSON: {"schema": _ref("ResultParts")}}}},
+                _AUTHED, **_TASK_ERRORS,
+                e409="The task has not ended and `partial` was not asked for (`not_finished`); with "
+                     "`format=npy`, also a task that is not `embedding` (`not_embedding`) or has no "
+                     "vector (`no_vectors`), or a stored result among its first 1000 is not a vector "
+                     "of the task's length (`malformed_result`: committed before complete checked "
+                     "shapes; one past them breaks the response off).",
+                e422="`format` is not `jsonl`, `npy` or `parts`.",
+            ),
+        )),
     }
 
 

@@ -17,7 +17,7 @@ from minions.kinds import (
 from minions.records import CHAT_ROLES, MAX_ID_LENGTH, MAX_SLEEP_MS
 from minions.services.api.openapi.components import AUTHED as _AUTHED
 from minions.services.api.openapi.components import BODY as _BODY
-from minions.services.api.openapi.components import NO_NUL, NOT_BLANK_NO_NUL
+from minions.services.api.openapi.components import NO_NUL, NOT_BLANK_NO_NUL, operation, path_item
 from minions.services.api.openapi.components import TASK_ERRORS as _TASK_ERRORS
 from minions.services.api.openapi.components import TASK_PATH as _TASK_PATH
 from minions.services.api.openapi.components import integer as _int
@@ -264,21 +264,19 @@ def paths() -> dict[str, Schema]:
 def _tasks_path() -> dict[str, Schema]:
     """Submitting a task, and the task list."""
     return {
-        "/api/v1/tasks": {
-            "post": {
-                "operationId": "submitTask",
-                "tags": ["tasks"],
-                "summary": "Submit a task",
-                "description": "Idempotent: the same body again answers 200 with the existing task; a different "
-                               "body under an existing (team, project, name) is a 409. With `dry_run=true`, "
-                               "every check and nothing created: 200 `{\"valid\": true}`.",
-                "parameters": [
+        "/api/v1/tasks": path_item(
+            post=operation(
+                "submitTask", "tasks", "Submit a task",
+                description="Idempotent: the same body again answers 200 with the existing task; a different "
+                            "body under an existing (team, project, name) is a 409. With `dry_run=true`, "
+                            "every check and nothing created: 200 `{\"valid\": true}`.",
+                parameters=[
                     _query_param("dry_run", {"type": "string", "enum": ["true", "false", "1", "0"]},
                                  "Judge the body (fields, records, the team's scope, the priority cap) and create "
                                  "nothing; `submit --replace` asks it before deleting the task it replaces."),
                 ],
-                "requestBody": _json_body(_ref("TaskRequest"), "The task."),
-                "responses": _responses(
+                request_body=_json_body(_ref("TaskRequest"), "The task."),
+                responses=_responses(
                     _ok(_ref("Task"), "Submitted (status `submitted`).", "201"),
                     _ok({"oneOf": [_ref("Task"), {"type": "object", "required": ["valid"],
                                                    "properties": {"valid": {"type": "boolean", "enum": [True]}}}]},
@@ -296,12 +294,10 @@ def _tasks_path() -> dict[str, Schema]:
                          "--replace` does) and submit again.",
                     e422="Invalid values, each named in `fields`.",
                 ),
-            },
-            "get": {
-                "operationId": "listTasks",
-                "tags": ["tasks"],
-                "summary": "List tasks, newest first",
-                "parameters": [
+            ),
+            get=operation(
+                "listTasks", "tasks", "List tasks, newest first",
+                parameters=[
                     _query_param("team", _name("team"), "Only this team's tasks."),
                     _query_param("project", _name("project"), "Only this project's tasks."),
                     _query_param("status", {"type": "string", "enum": list(TASK_STATUSES)},
@@ -312,109 +308,84 @@ def _tasks_path() -> dict[str, Schema]:
                                  "The OpenAI interactive lane's requests (a task each): left out (`false`, the "
                                  "default), only them (`true`), or both (`all`)."),
                 ],
-                "responses": _responses(_ok(_ref("TaskList"), "A page of tasks."), _AUTHED,
-                                        e403="Not a user token (`wrong_role`).",
-                                        e422="Invalid filters, limit or cursor."),
-            },
-        },
+                responses=_responses(_ok(_ref("TaskList"), "A page of tasks."), _AUTHED,
+                                     e403="Not a user token (`wrong_role`).",
+                                     e422="Invalid filters, limit or cursor."),
+            ),
+        ),
     }
 
 
 def _task_paths() -> dict[str, Schema]:
     """One task: shown, deleted, cancelled, retried."""
     return {
-        "/api/v1/tasks/{team}/{project}/{name}": {
-            "parameters": _TASK_PATH,
-            "get": {
-                "operationId": "getTask",
-                "tags": ["tasks"],
-                "summary": "A task and its progress",
-                "responses": _responses(_ok(_ref("Task"), "The task."), _AUTHED, **_TASK_ERRORS),
-            },
-            "delete": {
-                "operationId": "deleteTask",
-                "tags": ["tasks"],
-                "summary": "Delete a finished task",
-                "description": "The task and its subtasks go; its input and result objects become garbage, "
-                               "deleted by the garbage collector after `MINIONS_GC_GRACE_S` (which gives the "
-                               "team's input quota its bytes back).",
-                "responses": _responses(_ok(_ref("Ok"), "Deleted."), _AUTHED, **_TASK_ERRORS,
-                                        e409="The task has not ended (`not_finished`): cancel it first."),
-            },
-        },
-        "/api/v1/tasks/{team}/{project}/{name}/cancel": {
-            "parameters": _TASK_PATH,
-            "post": {
-                "operationId": "cancelTask",
-                "tags": ["tasks"],
-                "summary": "Cancel a task",
-                "description": "Pending subtasks are cancelled; leased ones are refused at their next heartbeat "
-                               "or completion. Cancelling a cancelled task answers 200 again.",
-                "responses": _responses(_ok(_ref("Task"), "The task, cancelled."), _AUTHED, **_TASK_ERRORS,
-                                        e409="The task already completed or failed (`task_finished`)."),
-            },
-        },
-        "/api/v1/tasks/{team}/{project}/{name}/retry": {
-            "parameters": _TASK_PATH,
-            "post": {
-                "operationId": "retryTask",
-                "tags": ["tasks"],
-                "summary": "Run a failed task's failed subtasks again",
-                "description": "Its failed subtasks go back to the queue, each with a fresh budget of the "
-                               "task's `max_attempts`; its committed results stay. The task is `running` again "
-                               "(`queued` if nothing of it was ever claimed) until it ends anew.",
-                "responses": _responses(_ok(_ref("Task"), "The task, running again."), _AUTHED, **_TASK_ERRORS,
-                                        e409="The task is not failed (`task_not_failed`), or failed with no "
-                                             "failed subtask, its input unsplittable (`nothing_to_retry`)."),
-            },
-        },
+        "/api/v1/tasks/{team}/{project}/{name}": path_item(
+            _TASK_PATH,
+            get=operation(
+                "getTask", "tasks", "A task and its progress",
+                responses=_responses(_ok(_ref("Task"), "The task."), _AUTHED, **_TASK_ERRORS),
+            ),
+            delete=operation(
+                "deleteTask", "tasks", "Delete a finished task",
+                description="The task and its subtasks go; its input and result objects become garbage, "
+                            "deleted by the garbage collector after `MINIONS_GC_GRACE_S` (which gives the "
+                            "team's input quota its bytes back).",
+                responses=_responses(_ok(_ref("Ok"), "Deleted."), _AUTHED, **_TASK_ERRORS,
+                                     e409="The task has not ended (`not_finished`): cancel it first."),
+            ),
+        ),
+        "/api/v1/tasks/{team}/{project}/{name}/cancel": path_item(_TASK_PATH, post=operation(
+            "cancelTask", "tasks", "Cancel a task",
+            description="Pending subtasks are cancelled; leased ones are refused at their next heartbeat "
+                        "or completion. Cancelling a cancelled task answers 200 again.",
+            responses=_responses(_ok(_ref("Task"), "The task, cancelled."), _AUTHED, **_TASK_ERRORS,
+                                 e409="The task already completed or failed (`task_finished`)."),
+        )),
+        "/api/v1/tasks/{team}/{project}/{name}/retry": path_item(_TASK_PATH, post=operation(
+            "retryTask", "tasks", "Run a failed task's failed subtasks again",
+            description="Its failed subtasks go back to the queue, each with a fresh budget of the "
+                        "task's `max_attempts`; its committed results stay. The task is `running` again "
+                        "(`queued` if nothing of it was ever claimed) until it ends anew.",
+            responses=_responses(_ok(_ref("Task"), "The task, running again."), _AUTHED, **_TASK_ERRORS,
+                                 e409="The task is not failed (`task_not_failed`), or failed with no "
+                                      "failed subtask, its input unsplittable (`nothing_to_retry`)."),
+        )),
     }
 
 
 def _verify_and_subtasks_paths() -> dict[str, Schema]:
     return {
-        "/api/v1/tasks/{team}/{project}/{name}/verify": {
-            "parameters": _TASK_PATH,
-            "post": {
-                "operationId": "verifyTask",
-                "tags": ["tasks"],
-                "summary": "Run a finished task's suspect results again, as a task of their own",
-                "description": "The subtasks whose committed result came from an executor quarantined since "
-                               "(every done subtask with `all`) run again as a new task in the same team and "
-                               "project: the same input ranges, kind, params and model (pinned to the "
-                               "revision the task named, else by its first lease). Compare its results with "
-                               "the task's by record id (`minions verify` does).",
-                "requestBody": _json_body({"type": "object", "additionalProperties": False, "properties": {
-                    "all": {"type": "boolean", "default": False, "description": "Every done subtask."},
-                    "name": _name("verification task's name (default: `<name>-verify-<6 hex>`)"),
-                }}, "What to run again (an empty body: only the quarantined executors' results).",
-                    required=False),
-                "responses": _responses(
-                    {"201": {"description": "The verification task and how many subtasks it runs.",
-                             "content": {JSON: {"schema": _object({"task": _ref("Task"),
-                                                                   "subtasks": {"type": "integer"}})}}}},
-                    _ok(_object({"task": {"type": "object", "nullable": True, "enum": [None]},
-                                 "subtasks": {"type": "integer", "enum": [0]}}), "Nothing to verify."),
-                    _AUTHED, **_TASK_ERRORS,
-                    e400="The body is not a JSON object.",
-                    e409="The task has not ended (`task_not_finished`), or the name is taken (`task_exists`).",
-                    e422="Unknown fields, `all` not a boolean, or `name` not a name."),
-            },
-        },
-        "/api/v1/tasks/{team}/{project}/{name}/subtasks": {
-            "parameters": _TASK_PATH,
-            "get": {
-                "operationId": "taskSubtasks",
-                "tags": ["tasks"],
-                "summary": "A page of a task's subtasks, in input order, with their attempts",
-                "description": "For the web UI and operators. A lease in progress shows in `history` with "
-                               "`\"outcome\": \"running\"`.",
-                "parameters": [
-                    _query_param("after", _int(0, 2**31 - 1), "The `next` of the previous page (a subtask id)."),
-                    _query_param("limit", _int(1, 1000), "Page size (default 500)."),
-                ],
-                "responses": _responses(_ok(_ref("SubtaskPage"), "A page of subtasks."), _AUTHED, **_TASK_ERRORS,
-                                        e422="Invalid `after` or `limit`."),
-            },
-        },
+        "/api/v1/tasks/{team}/{project}/{name}/verify": path_item(_TASK_PATH, post=operation(
+            "verifyTask", "tasks", "Run a finished task's suspect results again, as a task of their own",
+            description="The subtasks whose committed result came from an executor quarantined since "
+                        "(every done subtask with `all`) run again as a new task in the same team and "
+                        "project: the same input ranges, kind, params and model (pinned to the "
+                        "revision the task named, else by its first lease). Compare its results with "
+                        "the task's by record id (`minions verify` does).",
+            request_body=_json_body({"type": "object", "additionalProperties": False, "properties": {
+                "all": {"type": "boolean", "default": False, "description": "Every done subtask."},
+                "name": _name("verification task's name (default: `<name>-verify-<6 hex>`)"),
+            }}, "What to run again (an empty body: only the quarantined executors' results).", required=False),
+            responses=_responses(
+                {"201": {"description": "The verification task and how many subtasks it runs.",
+                         "content": {JSON: {"schema": _object({"task": _ref("Task"),
+                                                               "subtasks": {"type": "integer"}})}}}},
+                _ok(_object({"task": {"type": "object", "nullable": True, "enum": [None]},
+                             "subtasks": {"type": "integer", "enum": [0]}}), "Nothing to verify."),
+                _AUTHED, **_TASK_ERRORS,
+                e400="The body is not a JSON object.",
+                e409="The task has not ended (`task_not_finished`), or the name is taken (`task_exists`).",
+                e422="Unknown fields, `all` not a boolean, or `name` not a name."),
+        )),
+        "/api/v1/tasks/{team}/{project}/{name}/subtasks": path_item(_TASK_PATH, get=operation(
+            "taskSubtasks", "tasks", "A page of a task's subtasks, in input order, with their attempts",
+            description="For the web UI and operators. A lease in progress shows in `history` with "
+                        "`\"outcome\": \"running\"`.",
+            parameters=[
+                _query_param("after", _int(0, 2**31 - 1), "The `next` of the previous page (a subtask id)."),
+                _query_param("limit", _int(1, 1000), "Page size (default 500)."),
+            ],
+            responses=_responses(_ok(_ref("SubtaskPage"), "A page of subtasks."), _AUTHED, **_TASK_ERRORS,
+                                 e422="Invalid `after` or `limit`."),
+        )),
     }
