@@ -4,7 +4,7 @@ For one subtask's output of a given shape it times, side by side and alternating
 shared and noisy, so only side-by-side numbers compare), each figure the median of the rounds:
 
 - copy:    the store streaming the output to another key (read + write, no check): the floor;
-- verify:  what complete does (services/api/verified_output.copy_verified): the same copy, plus the
+- verify:  what complete does (services/api/leasing/complete.copy_verified): the same copy, plus the
            input range read, every output line parsed for its id and compared, SHA-256 of the bytes;
 - check:   OutputCheck alone on bytes in memory (the CPU part, no I/O), one thread.
 

@@ -12,5 +12,3 @@ SELECT * FROM minion_tokens WHERE $1::text IS NULL OR status = $1 ORDER BY id;
 -- name: revoke_token
 SELECT minion_revoke_token($1);
 
--- name: token_by_id
-SELECT * FROM minion_tokens WHERE id = $1;

@@ -69,13 +69,6 @@ SELECT coalesce(minion_openai_begin_finalize($1, $2), false);
 -- name: finish_batch
 SELECT minion_openai_finish_batch($1, $2, $3, $4, $5);
 
--- name: batches_to_settle
--- Open batches whose task has ended or whose window has passed: the finalizer's work.
-SELECT b.id FROM openai_batches b JOIN tasks t ON t.id = b.task_id
-WHERE b.completed_at IS NULL AND b.failed_at IS NULL AND b.expired_at IS NULL AND b.cancelled_at IS NULL
-  AND (t.finished_at IS NOT NULL OR b.expires_at < now())
-ORDER BY b.seq LIMIT 100;
-
 -- name: task_row
 SELECT t.*, c.subtasks_pending, c.subtasks_leased, c.subtasks_done, c.subtasks_failed, c.subtasks_cancelled,
        c.subtasks_checking,

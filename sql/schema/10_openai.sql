@@ -91,7 +91,7 @@ RETURNS void LANGUAGE sql AS $$
      WHERE id = p_id AND completed_at IS NULL AND cancelled_at IS NULL AND expired_at IS NULL
 $$;
 
--- Native tasks take priorities -1000..1000 (services/api/validation.py): the lane is above them all.
+-- Native tasks take priorities -1000..1000 (services/api/tasks/validation.py): the lane is above them all.
 CREATE FUNCTION minion_openai_interactive_priority() RETURNS integer LANGUAGE sql IMMUTABLE AS $$
     SELECT 10000
 $$;

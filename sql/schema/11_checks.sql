@@ -10,7 +10,7 @@
 -- completion replica is sent the held results, `check`, to verify their proofs of generation
 -- with a prefill pass instead of generating, answering a result whose proof holds as it is, so
 -- that the two agree). A lost or released replica deletes its row, which re-offers the subtask. The
--- API compares the replica's verified output with the candidates (services/api/spot_check.py:
+-- API compares the replica's verified output with the candidates (services/api/leasing/spot_check.py:
 -- embeddings by cosine per record, greedy completions by text similarity, sleep by ids) and hands
 -- its verdict to minion_check_vote:
 --   agrees with a candidate  -> that candidate commits (the subtask is done, as any complete);

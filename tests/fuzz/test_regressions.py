@@ -37,10 +37,10 @@ CASES = [
     _case("task-model-nul", "POST", "/api/v1/tasks", "/api/v1/tasks", {**SLEEP_TASK, "model": "a\u0000b"}),
     _case("task-params-nul", "POST", "/api/v1/tasks", "/api/v1/tasks",
           {**COMPLETION_TASK, "params": {"system": "\u0000"}}),
-    # tasks.py list_tasks: a cursor past bigint, and one that str.isdigit() takes but int() does not.
+    # tasks/routes.py list_tasks: a cursor past bigint, and one that str.isdigit() takes but int() does not.
     _case("list-cursor-bigint", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=99999999999999999999"),
     _case("list-cursor-superscript", "GET", "/api/v1/tasks", "/api/v1/tasks?cursor=%C2%B2"),
-    # routes/subtasks.py task_subtasks: the same isdigit()/int() mismatch for `after`.
+    # tasks/routes.py task_subtasks: the same isdigit()/int() mismatch for `after`.
     _case("subtasks-after-superscript", "GET", "/api/v1/tasks/{team}/{project}/{name}/subtasks",
           "/api/v1/tasks/search/ranker/fuzz-queued/subtasks?after=%C2%B2"),
     # tasks.py task_row: path names go to the database unchecked.

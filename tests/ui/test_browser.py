@@ -111,7 +111,7 @@ async def test_web_ui_end_to_end(services: Services) -> None:
             assert "no-cache" in resp.headers["Cache-Control"]
         async with session.get(f"{services.api_url}/ui/app.js") as resp:
             assert resp.status == 200 and resp.content_type == "text/javascript"
-        for escape in ("/ui/%2e%2e/routes/web.py", "/ui/..%2Fapp.py", "/ui/%2E%2E%2F%2E%2E%2Fapp.py"):
+        for escape in ("/ui/%2e%2e/ui/routes.py", "/ui/..%2Fapp.py", "/ui/%2E%2E%2F%2E%2E%2Fapp.py"):
             async with session.get(yarl.URL(services.api_url + escape, encoded=True)) as resp:
                 assert resp.status == 404, escape
 

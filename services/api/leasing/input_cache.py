@@ -1,6 +1,6 @@
 """Small input objects of this store, read whole once and sliced for each claim that sends a range.
 
-A claim sends each small input range inline (`routes/executors.py` `_inline_inputs`), and an
+A claim sends each small input range inline (`claims.py` `_inline_inputs`), and an
 unbatched claim reads its one range from the store: a thread hop on the local store, a ranged GET on
 S3, once per subtask. In bench/drain.py's http-inline1 arm (20,000 one-record subtasks of one 500 KB
 input object) that hop was ~20% of the API's CPU (py-spy, docs/benchmarks/drain.md "The claim's plans read by index").

@@ -1,7 +1,7 @@
 """URLs for executors: only the API hands them out, so signing lives here, not in the store.
 
 An S3 store presigns with its own credentials (S3Store.presign_*). The local store's objects are
-served by this API (routes/store.py) at URLs signed with the database's key and the API's address
+served by this API (store/routes.py) at URLs signed with the database's key and the API's address
 as executors reach it (MINIONS_PUBLIC_URL, else host:port): `SignedLocalStore`. Everything else
 (the splitter, the garbage collector, the CLI) opens a store with `open_store` and needs neither.
 """
