@@ -30,7 +30,7 @@ up: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	$(PY) .ci/mypy
 
 test: install lint
 	$(PY) -m pytest -q
