@@ -30,7 +30,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_layers import PACKAGE, REPO, Module, _parse, _tree, folder_names, package_modules
+from tests.test_layers import (
+    PACKAGE,
+    REPO,
+    Module,
+    _names_import_module,
+    _own,
+    _parse,
+    _tree,
+    folder_names,
+    package_modules,
+)
 
 BENCH = "bench"
 API = f"{PACKAGE}.services.api"
@@ -78,14 +88,6 @@ def all_modules(root: Path) -> dict[str, Module]:
 FOLDERS = folder_names(REPO)
 
 
-def _own(name: str) -> str:
-    """The mapped folders by their names from the root (`services.api.x`) are the package's."""
-    for folder, package in FOLDERS.items():
-        if name == folder or name.startswith(f"{folder}."):
-            return package + name[len(folder):]
-    return name
-
-
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
@@ -105,11 +107,6 @@ def _nodes(tree: ast.AST, type_only: bool = False) -> Iterator[tuple[ast.AST, bo
             stack.extend((child, under) for child in ast.iter_child_nodes(node))
 
 
-def _names_import_module(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
-        (isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
-
-
 def imports_of(module: Module, modules: dict[str, Module]) -> list[Import]:
     """Each import in `module`, wherever it sits, of the module it names (`from a import b` is of
     `a.b` where that is a module, else of `a`), once per line and module, in line order."""
@@ -121,20 +118,20 @@ def _imports_in(module: Module, modules: dict[str, Module]) -> Iterator[Import]:
     for node, type_only in _nodes(_parse(module.path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(module, node.lineno, _own(alias.name), type_only)
+                yield Import(module, node.lineno, _own(alias.name, FOLDERS), type_only)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base_parts = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*base_parts, node.module] if node.module else base_parts)
             else:
-                base = _own(node.module or "")
+                base = _own(node.module or "", FOLDERS)
             for alias in node.names:
                 child = f"{base}.{alias.name}"
                 yield Import(module, node.lineno, child if child in modules else base, type_only)
         elif isinstance(node, ast.Call) and _names_import_module(node.func) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                yield Import(module, node.lineno, _own(first.value), type_only)
+                yield Import(module, node.lineno, _own(first.value, FOLDERS), type_only)
 
 
 def _imports(modules: dict[str, Module]) -> Iterator[Import]:

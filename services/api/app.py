@@ -40,6 +40,7 @@ from minions.services.api.leasing.claim_waiters import ClaimWaiters
 from minions.services.api.leasing.input_cache import InputCache
 from minions.services.api.leasing.lease_facts import LeaseFacts
 from minions.services.api.meta import health_routes, meta_routes
+from minions.services.api.openai.gateway import OPENAI_GATEWAY, OpenAIGateway
 from minions.services.api.openapi import routes as openapi_routes
 from minions.services.api.results import routes as result_routes
 from minions.services.api.store import routes as store_routes
@@ -94,6 +95,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
                              server_settings=spot_check_session(app[SETTINGS]))
     app[POOL] = pool
     gateway = app[GATEWAY] = ApiGateway(pool)
+    app[OPENAI_GATEWAY] = OpenAIGateway(pool)
 
     async def output_writable(key: str) -> bool:
         return await gateway.output_writable(key=key)

@@ -106,6 +106,17 @@ def test_each_function_view_and_trigger_is_written_once_in_the_schema() -> None:
     assert all(len(seen[k]) == 2 for k in overloads)
 
 
+def test_one_function_creates_every_task() -> None:
+    """A submission, an OpenAI batch or request and a verification all create their task through
+    minion_create_task: no other function of the schema inserts into tasks."""
+    schema = "".join(path.read_text() for path in sorted((REPO / "sql" / "schema").glob("*.sql")))
+    inserting = set()
+    for piece in re.split(r"^(?=CREATE FUNCTION )", schema, flags=re.MULTILINE)[1:]:
+        if re.search(r"\bINSERT\s+INTO\s+tasks\b", piece, re.IGNORECASE):
+            inserting.add(piece.split("(", 1)[0].removeprefix("CREATE FUNCTION ").strip())
+    assert inserting == {"minion_create_task"}
+
+
 async def test_every_function_of_the_database_has_one_text_in_the_schema(database_url: str) -> None:
     conn = await connect(database_url)
     try:

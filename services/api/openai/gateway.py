@@ -11,7 +11,6 @@ from aiohttp import web
 
 from minions.db.gateway import Gateway, Row
 from minions.db.queries import Queries
-from minions.services.api.appkeys import POOL
 
 
 class FileRow(TypedDict):
@@ -177,6 +176,11 @@ class OpenAIGateway(Gateway):
         return bool(await self.db.fetchval(self.queries.cancel_task, task_id))
 
 
+# Set beside the API's gateway, on the same pool, when the application starts (app.py).
+OPENAI_GATEWAY = web.AppKey("openai_gateway", OpenAIGateway)
+
+
 def openai_gateway(app: web.Application) -> OpenAIGateway:
-    """The gateway on the app's pool: each call on a pooled connection, in its own transaction."""
-    return OpenAIGateway(app[POOL])
+    """The gateway on the app's pool (made once, beside the API's: app.py): each call on a pooled
+    connection, in its own transaction."""
+    return app[OPENAI_GATEWAY]
